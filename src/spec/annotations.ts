@@ -1,0 +1,13 @@
+/** The pod annotations backhaul reads and writes (DESIGN §4.1). */
+export const ANNOTATION = {
+  forwards: 'interlink.eu/reverse-forwards',
+  socksPort: 'interlink.eu/reverse-socks-port',
+  nodeExec: 'interlink.eu/reverse-node-exec',
+  podVpn: 'interlink.eu/pod-vpn',
+  preExec: 'slurm-job.vk.io/pre-exec',
+} as const;
+
+export const REVERSE_ANNOTATIONS = [ANNOTATION.forwards, ANNOTATION.socksPort, ANNOTATION.nodeExec] as const;
+
+export const MAX_FORWARDS = 64;
+export const MIN_LISTEN_PORT = 1024;

@@ -1,0 +1,33 @@
+import { z } from 'zod';
+
+const UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
+const DURATION = /^(?:\d+(?:ms|s|m|h|d))+$/;
+const PART = /(\d+)(ms|s|m|h|d)/g;
+
+export const DURATION_ACCEPTED = 'a duration such as "500ms", "30s", "10m", "2h" or "1h30m"';
+
+/** Parses "10m", "2h", "1h30m", "500ms" into milliseconds; undefined when malformed. */
+export function parseDuration(text: string): number | undefined {
+  if (!DURATION.test(text)) return undefined;
+  let total = 0;
+  for (const [, amount, unit] of text.matchAll(PART)) {
+    total += Number(amount) * UNIT_MS[unit as keyof typeof UNIT_MS];
+  }
+  return Number.isSafeInteger(total) ? total : undefined;
+}
+
+/** A zod field taking a duration string and yielding milliseconds. */
+export function duration(min = 1) {
+  return z.string().transform((text, ctx) => {
+    const ms = parseDuration(text);
+    if (ms === undefined) {
+      ctx.addIssue({ code: 'custom', message: `expected ${DURATION_ACCEPTED}, got ${JSON.stringify(text)}` });
+      return z.NEVER;
+    }
+    if (ms < min) {
+      ctx.addIssue({ code: 'custom', message: `must be at least ${min} ms, got ${JSON.stringify(text)}` });
+      return z.NEVER;
+    }
+    return ms;
+  });
+}

@@ -1,0 +1,145 @@
+import { parse as parseYaml } from 'yaml';
+import { z } from 'zod';
+import { duration } from './duration.js';
+import { SpecError } from './spec-error.js';
+
+/**
+ * DESIGN §4.2. The `Network.SSH` keys follow interLink's own configuration so site admins can reuse
+ * theirs; `Backhaul` holds what only backhaul needs. Every object is strict: an unknown key stops
+ * start-up with its path, because a typo in a security setting must not be silently ignored.
+ */
+
+const HOST_NAME =
+  /^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
+const IPV4 = /^(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$/;
+/** Paths end up in shell commands on the login and compute nodes: keep them to a plain character set. */
+const SAFE_PATH = /^\/[A-Za-z0-9._/+-]*$/;
+const SAFE_COMMAND = /^[A-Za-z0-9._/+-]+$/;
+const POSIX_USER = /^[a-z_][a-z0-9_.-]{0,31}$/;
+
+const port = z.number().int().min(1).max(65535);
+const safePath = z.string().regex(SAFE_PATH, 'expected an absolute path of letters, digits and . _ / + -');
+const hostName = z
+  .string()
+  .refine((h) => HOST_NAME.test(h) || IPV4.test(h), 'expected a DNS host name or an IPv4 address');
+
+export const reverseSchema = z.strictObject({
+  Enabled: z.boolean().default(false),
+  Sshd: z.enum(['node', 'userspace']).default('node'),
+  NodeExec: z.enum(['ssh', 'srun']).default('ssh'),
+  /** Whether a pod may choose its own NodeExec with `interlink.eu/reverse-node-exec`. */
+  AllowNodeExecOverride: z.boolean().default(false),
+  AllowSocks: z.boolean().default(false),
+  SshdPath: safePath.default('/usr/sbin/sshd'),
+  PythonPath: z
+    .string()
+    .regex(SAFE_COMMAND, 'expected a command name or absolute path of letters, digits and . _ / + -')
+    .default('python3'),
+  SocketRoot: safePath.default('/tmp'),
+  NodeSshPort: port.default(22),
+  WaitForForwards: duration().prefault('10m'),
+});
+
+export const sshSchema = z.strictObject({
+  LoginHost: hostName,
+  Port: port.default(22),
+  User: z.string().regex(POSIX_USER, 'expected a POSIX user name'),
+  KeyFile: z.string().min(1),
+  KnownHostsFile: z.string().min(1).optional(),
+  /** Only for throw-away test sites: accept any login host key. Never the default. */
+  InsecureAcceptAnyHostKey: z.boolean().default(false),
+  NodeWaitTimeout: duration().prefault('2h'),
+  Reverse: reverseSchema.prefault({}),
+});
+
+export const backhaulSchema = z.strictObject({
+  Redis: z.strictObject({ URL: z.string().url().default('redis://127.0.0.1:6379') }).prefault({}),
+  /** Shadow sessions one session host holds at once. */
+  SessionCapacity: z.number().int().min(1).max(10_000).default(200),
+  /** Carriers sharing one login connection; stay below the login sshd's MaxSessions. */
+  LoginMaxSessions: z.number().int().min(1).max(1_000).default(8),
+  LeaseTTL: duration(1000).prefault('10s'),
+  RetryLimit: z.number().int().min(0).max(100).default(5),
+  RetryBackoff: duration(100).prefault('2s'),
+  KeepaliveInterval: duration(100).prefault('2s'),
+  SocketCheckInterval: duration(100).prefault('3s'),
+  ClusterDomain: z.string().regex(HOST_NAME).default('cluster.local'),
+});
+
+export const siteConfigSchema = z
+  .strictObject({
+    Network: z.strictObject({ SSH: sshSchema }),
+    Backhaul: backhaulSchema.prefault({}),
+  })
+  .superRefine((cfg, ctx) => {
+    const ssh = cfg.Network.SSH;
+    if (!ssh.KnownHostsFile && !ssh.InsecureAcceptAnyHostKey) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['Network', 'SSH', 'KnownHostsFile'],
+        message:
+          'required: host keys are verified; give a known_hosts file (or, for a throw-away test site only, InsecureAcceptAnyHostKey: true)',
+      });
+    }
+  });
+
+export type SiteConfig = z.output<typeof siteConfigSchema>;
+export type ReverseConfig = SiteConfig['Network']['SSH']['Reverse'];
+
+/** Validates already-parsed data (e.g. a ConfigMap value); throws SpecError naming the key path. */
+export function parseSiteConfig(data: unknown): SiteConfig {
+  const result = siteConfigSchema.safeParse(data ?? {});
+  if (result.success) return result.data;
+  const issue = result.error.issues[0];
+  if (!issue) throw new SpecError('site configuration', 'invalid');
+  if (issue.code === 'unrecognized_keys') {
+    return unknownKey(issue.path, issue.keys[0] ?? '?');
+  }
+  throw new SpecError(keyPath(issue.path), describeIssue(issue));
+}
+
+function unknownKey(path: PropertyKey[], key: string): never {
+  const known = objectKeysAt(siteConfigSchema, path);
+  throw new SpecError(keyPath([...path, key]), 'unknown key', {
+    accepted: known.length > 0 ? known.join(', ') : undefined,
+  });
+}
+
+/** The keys the schema accepts at `path`, looking through defaults, pipes and refinements. */
+function objectKeysAt(schema: z.ZodType, path: PropertyKey[]): string[] {
+  let current: z.core.$ZodType | undefined = schema;
+  for (const segment of [...path, undefined]) {
+    // Unwrap wrappers (default, prefault, pipe) down to the object.
+    for (let guard = 0; current && guard < 8; guard += 1) {
+      const def = current._zod.def as { innerType?: z.core.$ZodType; in?: z.core.$ZodType };
+      if (def.innerType) current = def.innerType;
+      else if (def.in) current = def.in;
+      else break;
+    }
+    if (!(current instanceof z.ZodObject)) return [];
+    if (segment === undefined) return Object.keys(current.shape);
+    current = current.shape[String(segment)] as z.core.$ZodType | undefined;
+  }
+  return [];
+}
+
+export function parseSiteConfigYaml(text: string, source = 'site configuration'): SiteConfig {
+  let data: unknown;
+  try {
+    data = parseYaml(text, { prettyErrors: true, uniqueKeys: true });
+  } catch (err) {
+    throw new SpecError(source, `not valid YAML: ${(err as Error).message}`);
+  }
+  return parseSiteConfig(data);
+}
+
+function keyPath(path: PropertyKey[]): string {
+  return path.length > 0 ? path.map(String).join('.') : 'site configuration';
+}
+
+function describeIssue(issue: z.core.$ZodIssue): string {
+  if (issue.code === 'invalid_type' && issue.message.endsWith('received undefined')) {
+    return `required (expected ${issue.expected})`;
+  }
+  return issue.message;
+}

@@ -1,0 +1,55 @@
+import { describe, expect, it } from 'vitest';
+import { parsePodYaml } from '../../src/spec/pod.js';
+import { SpecError } from '../../src/spec/spec-error.js';
+
+describe('pod manifests', () => {
+  it('reads name, namespace, uid, node and annotations', () => {
+    const pod = parsePodYaml(`apiVersion: v1
+kind: Pod
+metadata:
+  name: analysis
+  namespace: user
+  uid: 7c1b0f1e-3c4f-4a5e-9d2b-0123456789ab
+  annotations:
+    interlink.eu/reverse-forwards: "minio:9000"
+spec:
+  nodeName: interlink-slurm
+  containers: [{ name: main, image: busybox }]
+`);
+    expect(pod).toEqual({
+      uid: '7c1b0f1e-3c4f-4a5e-9d2b-0123456789ab',
+      namespace: 'user',
+      name: 'analysis',
+      nodeName: 'interlink-slurm',
+      annotations: { 'interlink.eu/reverse-forwards': 'minio:9000' },
+    });
+  });
+
+  it('defaults the namespace and allows a pod not yet applied (no uid)', () => {
+    expect(parsePodYaml('metadata: { name: p }')).toMatchObject({
+      namespace: 'default',
+      uid: undefined,
+      annotations: {},
+    });
+  });
+
+  it.each([
+    ['metadata: { name: "Bad_Name" }', 'metadata.name'],
+    ['metadata: { name: p, uid: "$(id)" }', 'metadata.uid'],
+    ['metadata: { name: p, annotations: { a: 1 } }', 'metadata.annotations.a'],
+    ['kind: Service\nmetadata: { name: p }', 'kind'],
+    ['spec: {}', 'metadata'],
+  ])('refuses %j naming %s', (yaml, field) => {
+    expect(() => parsePodYaml(yaml)).toThrow(SpecError);
+    try {
+      parsePodYaml(yaml);
+    } catch (err) {
+      expect((err as SpecError).field).toBe(field);
+    }
+  });
+
+  it('refuses several documents and broken YAML', () => {
+    expect(() => parsePodYaml('metadata: {name: a}\n---\nmetadata: {name: b}\n')).toThrow(/exactly one YAML document/);
+    expect(() => parsePodYaml('metadata: [')).toThrow(/not valid YAML/);
+  });
+});
