@@ -1,0 +1,565 @@
+#!/usr/bin/env python3
+# -*- coding: utf-8 -*-
+"""backhaul relay: per-pod loopback TCP listeners -> owner-only unix sockets.
+
+Runs inside a Slurm job, as the job's user, on the compute node. Every TCP
+connection accepted on the pod's loopback address is checked against
+/proc/net/tcp{,6}: only a connection made by the job's own user (the uid this
+process runs as) is passed on, to the unix socket that the SSH reverse forward
+ended in (``<socket dir>/<port>.sock``). Anything else is closed at once.
+
+Python 3.6+ standard library only (compute nodes have python3, not Node.js).
+The derivations must match src/spec/derivations.ts (DESIGN section 4.3); both
+are checked against test/vectors/derivations.json.
+
+Commands
+--------
+``relay.py derive (--uid UID | --uid-from-env VAR) --socket-root ROOT``
+    Prints one line ``<bindAddress> <socketDir>`` and exits 0.
+
+    * ``h = FNV-1a-32(UTF-8 bytes of UID)``; bind address
+      ``127.(1 + ((h>>16)&255) % 254).((h>>8)&255).(1 + (h&255) % 254)``.
+    * socket dir ``<ROOT without trailing slashes>/bh-<first 16 hex digits of
+      sha256(UID)>`` (ROOT "/" gives "/bh-..."); socket path
+      ``<socket dir>/<port>.sock``.
+
+    ``--uid`` may be empty here (the derivation is defined for it).
+
+``relay.py serve (--uid UID | --uid-from-env VAR) --socket-dir DIR
+--forward PORT[=SOCKETPATH] [--forward ...] [--bind ADDR]``
+    * UID comes from ``--uid`` or from the environment variable named by
+      ``--uid-from-env`` (e.g. SLURM_JOB_NAME); it must not be empty.
+    * ``--bind`` defaults to the bind address derived from UID.
+    * SOCKETPATH defaults to ``DIR/PORT.sock``; PORT is 1..65535; each port
+      may be forwarded once.
+    * DIR must exist when the relay starts.
+    * Every listen port is bound (SO_REUSEADDR) before anything is reported.
+      If any bind fails, a message naming the address and port goes to
+      stderr, nothing is left listening and the exit status is 1. Once all
+      are bound, exactly ``ready <address>`` and a newline are written to
+      stdout (flushed).
+    * For each accepted connection, the peer's own socket is looked up in
+      /proc/net/tcp and /proc/net/tcp6 (IPv4-mapped addresses included).
+      Unless its uid equals this process's uid, the connection is closed at
+      once and one line is logged::
+
+          backhaul-relay: refused <peer> -> <addr>:<port>: uid <n> is not the job's uid <m>
+          backhaul-relay: refused <peer> -> <addr>:<port>: owner unknown
+
+    * An accepted connection is joined to its unix socket, with half-close
+      passed through both ways (EOF on one side becomes shutdown(SHUT_WR) on
+      the other). If the unix socket cannot be reached the client is closed at
+      once and a line is logged. One bad connection never stops the relay.
+    * Exits with status 0 (listeners closed) when DIR disappears or is
+      replaced (checked every 0.5 s), when the process that started the relay
+      ends (the parent pid changes), and on SIGTERM, SIGINT or SIGHUP.
+    * umask 077; nothing is created on disk.
+
+Exit status: 0 done, 1 runtime failure (bind failed, DIR missing), 2 bad
+arguments. Every diagnostic line on stderr starts with ``backhaul-relay: ``.
+"""
+
+import argparse
+import errno
+import hashlib
+import os
+import selectors
+import signal
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+
+PROG = "backhaul-relay"
+BUFFER_SIZE = 256 * 1024
+POLL_SECONDS = 0.5
+UNIX_CONNECT_TIMEOUT = 10.0
+MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes including the NUL
+LISTEN_BACKLOG = 128
+PROC_NET_FILES = ("/proc/net/tcp", "/proc/net/tcp6")
+PROC_LOOKUP_ATTEMPTS = 3
+TCP_TIME_WAIT = b"06"
+TCP_LISTEN = b"0A"
+
+_log_lock = threading.Lock()
+
+
+def log(message):
+    line = "%s: %s\n" % (PROG, message)
+    with _log_lock:
+        try:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        except Exception:  # a broken stderr must not break the relay
+            pass
+
+
+class UsageError(Exception):
+    """Bad command line; exit status 2."""
+
+
+class Stop(BaseException):
+    """Raised by the signal handler to leave the accept loop."""
+
+
+# --------------------------------------------------------------------------
+# Derivations (must match src/spec/derivations.ts)
+# --------------------------------------------------------------------------
+
+def fnv1a32(data):
+    h = 0x811C9DC5
+    for byte in bytearray(data):
+        h ^= byte
+        h = (h * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def bind_address(uid_bytes):
+    h = fnv1a32(uid_bytes)
+    b = 1 + ((h >> 16) & 255) % 254
+    c = (h >> 8) & 255
+    d = 1 + (h & 255) % 254
+    return "127.%d.%d.%d" % (b, c, d)
+
+
+def socket_dir(root_bytes, uid_bytes):
+    digest = hashlib.sha256(uid_bytes).hexdigest()[:16].encode("ascii")
+    root = root_bytes.rstrip(b"/") if len(root_bytes) > 1 else root_bytes
+    if root == b"/":
+        root = b""
+    return root + b"/bh-" + digest
+
+
+# --------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _build_parser():
+    parser = _Parser(prog="relay.py", allow_abbrev=False,
+                     description="backhaul relay (see the module docstring)")
+    sub = parser.add_subparsers(dest="command")
+
+    derive = sub.add_parser("derive", allow_abbrev=False,
+                            help="print '<bindAddress> <socketDir>'")
+    group = derive.add_mutually_exclusive_group(required=True)
+    group.add_argument("--uid")
+    group.add_argument("--uid-from-env", metavar="VAR")
+    derive.add_argument("--socket-root", required=True, metavar="ROOT")
+
+    serve = sub.add_parser("serve", allow_abbrev=False,
+                           help="listen and relay to unix sockets")
+    group = serve.add_mutually_exclusive_group(required=True)
+    group.add_argument("--uid")
+    group.add_argument("--uid-from-env", metavar="VAR")
+    serve.add_argument("--socket-dir", required=True, metavar="DIR")
+    serve.add_argument("--forward", action="append", default=[],
+                       metavar="PORT[=SOCKETPATH]")
+    serve.add_argument("--bind", metavar="ADDR")
+    return parser
+
+
+def _uid_bytes(args, allow_empty):
+    if args.uid_from_env is not None:
+        var = args.uid_from_env
+        if not var or "=" in var:
+            raise UsageError("--uid-from-env: %r is not an environment variable name" % var)
+        value = os.environ.get(var)
+        if not value:
+            raise UsageError("--uid-from-env: environment variable %s is unset or empty" % var)
+        return os.fsencode(value)
+    if not args.uid and not allow_empty:
+        raise UsageError("--uid: the uid is empty")
+    return os.fsencode(args.uid)
+
+
+def _parse_port(text):
+    if not text or len(text) > 5 or not all("0" <= ch <= "9" for ch in text):
+        raise ValueError
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise ValueError
+    return port
+
+
+def _parse_forwards(specs, directory):
+    if not specs:
+        raise UsageError("--forward: at least one --forward PORT[=SOCKETPATH] is required")
+    forwards = []
+    seen = set()
+    for spec in specs:
+        port_text, sep, path = spec.partition("=")
+        try:
+            port = _parse_port(port_text)
+        except ValueError:
+            raise UsageError("--forward %s: port must be an integer 1..65535" % spec)
+        if sep and not path:
+            raise UsageError("--forward %s: the socket path is empty" % spec)
+        if not sep:
+            path = os.path.join(directory, "%d.sock" % port)
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+            raise UsageError("--forward %s: socket path %s is longer than %d bytes"
+                             % (spec, path, MAX_SOCKET_PATH_BYTES))
+        if port in seen:
+            raise UsageError("--forward %s: port %d is forwarded twice" % (spec, port))
+        seen.add(port)
+        forwards.append((port, path))
+    return forwards
+
+
+def _parse_bind(text):
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, text)
+            return family
+        except (OSError, ValueError):
+            pass
+    raise UsageError("--bind %s: not an IPv4 or IPv6 address" % text)
+
+
+# --------------------------------------------------------------------------
+# Peer ownership via /proc/net/tcp{,6}
+# --------------------------------------------------------------------------
+
+_V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"
+
+
+def _ip16(address):
+    """16-byte form of an address string (IPv4 becomes ::ffff:a.b.c.d)."""
+    if ":" in address:
+        return socket.inet_pton(socket.AF_INET6, address.split("%", 1)[0])
+    return _V4_MAPPED_PREFIX + socket.inet_pton(socket.AF_INET, address)
+
+
+def _proc_hex(ip16, port, v4):
+    """The address:port text the kernel prints (%08X per native 32-bit word)."""
+    raw = ip16[12:] if v4 else ip16
+    words = struct.unpack("=%dI" % (len(raw) // 4), raw)
+    return ("".join("%08X" % w for w in words) + ":%04X" % port).encode("ascii")
+
+
+def peer_uid(local_name, peer_name):
+    """uid owning the peer's socket, or None if it cannot be found.
+
+    local_name/peer_name are getsockname()/getpeername() of the accepted
+    socket. The peer's own socket has local == peer and remote == local.
+    """
+    local16 = _ip16(local_name[0])
+    peer16 = _ip16(peer_name[0])
+    wanted = {}
+    if local16.startswith(_V4_MAPPED_PREFIX) and peer16.startswith(_V4_MAPPED_PREFIX):
+        wanted[PROC_NET_FILES[0]] = (_proc_hex(peer16, peer_name[1], True),
+                                     _proc_hex(local16, local_name[1], True))
+    wanted[PROC_NET_FILES[1]] = (_proc_hex(peer16, peer_name[1], False),
+                                 _proc_hex(local16, local_name[1], False))
+    for attempt in range(PROC_LOOKUP_ATTEMPTS):
+        if attempt:
+            time.sleep(0.005 * attempt)  # the kernel's listing can skip entries under churn
+        for path in PROC_NET_FILES:
+            if path not in wanted:
+                continue
+            want_local, want_remote = wanted[path]
+            try:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            except (IOError, OSError):
+                continue
+            if want_local not in data.upper():
+                continue
+            for line in data.split(b"\n")[1:]:
+                fields = line.split()
+                if len(fields) < 8:
+                    continue
+                if fields[1].upper() != want_local or fields[2].upper() != want_remote:
+                    continue
+                if fields[3].upper() in (TCP_TIME_WAIT, TCP_LISTEN):
+                    continue  # a time-wait entry has no owner (uid 0)
+                try:
+                    return int(fields[7])
+                except ValueError:
+                    continue
+    return None
+
+
+# --------------------------------------------------------------------------
+# Relaying
+# --------------------------------------------------------------------------
+
+def _fmt(name):
+    host, port = name[0], name[1]
+    if ":" in host:
+        return "[%s]:%d" % (host, port)
+    return "%s:%d" % (host, port)
+
+
+def _close(sock):
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+class Connection(object):
+    """Two sockets joined by two pump threads."""
+
+    def __init__(self, client, upstream, label):
+        self.client = client
+        self.upstream = upstream
+        self.label = label
+        self._lock = threading.Lock()
+        self._running = 2
+        self._failed = False
+
+    def pump(self, src, dst, direction):
+        buf = bytearray(BUFFER_SIZE)
+        view = memoryview(buf)
+        try:
+            while True:
+                n = src.recv_into(buf)
+                if not n:
+                    break
+                dst.sendall(view[:n])
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        except Exception as exc:
+            self._fail(direction, exc)
+        finally:
+            self._finish()
+
+    def _fail(self, direction, exc):
+        with self._lock:
+            first = not self._failed
+            self._failed = True
+        if first:
+            log("%s: %s: %s" % (self.label, direction, _errtext(exc)))
+        # wake the other direction, which may be blocked in recv or send
+        for sock in (self.client, self.upstream):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _finish(self):
+        with self._lock:
+            self._running -= 1
+            last = self._running == 0
+        if last:
+            _close(self.client)
+            _close(self.upstream)
+
+
+def handle(client, listen_label, socket_path, my_uid):
+    """Per-connection entry point, in its own thread. Never raises."""
+    peer_label = "?"
+    label = "? -> %s" % listen_label
+    try:
+        peer_name = client.getpeername()
+        local_name = client.getsockname()
+        peer_label = _fmt(peer_name)
+        label = "%s -> %s" % (peer_label, listen_label)
+        owner = peer_uid(local_name, peer_name)
+        if owner is None:
+            _close(client)
+            log("refused %s: owner unknown" % label)
+            return
+        if owner != my_uid:
+            _close(client)
+            log("refused %s: uid %d is not the job's uid %d" % (label, owner, my_uid))
+            return
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            upstream.settimeout(UNIX_CONNECT_TIMEOUT)
+            upstream.connect(socket_path)
+            upstream.settimeout(None)
+        except Exception as exc:
+            _close(upstream)
+            _close(client)
+            log("%s: cannot connect %s: %s" % (label, socket_path, _errtext(exc)))
+            return
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = Connection(client, upstream, label)
+        other = threading.Thread(target=conn.pump, args=(upstream, client, "from unix socket"),
+                                 name="relay-down")
+        other.daemon = True
+        try:
+            other.start()
+        except Exception as exc:
+            _close(upstream)
+            _close(client)
+            log("%s: cannot start a thread: %s" % (label, exc))
+            return
+        conn.pump(client, upstream, "from client")
+    except Exception as exc:
+        _close(client)
+        log("%s: %s" % (label, _errtext(exc)))
+
+
+def _errtext(exc):
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return "%s (%s)" % (os.strerror(exc.errno), errno.errorcode.get(exc.errno, exc.errno))
+    if isinstance(exc, socket.timeout):
+        return "timed out"
+    return str(exc) or exc.__class__.__name__
+
+
+# --------------------------------------------------------------------------
+# serve
+# --------------------------------------------------------------------------
+
+def _dir_identity(path):
+    """(st_dev, st_ino) of the directory, or None if it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP):
+            return None
+        return "unknown"
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _on_signal(signum, frame):
+    raise Stop()
+
+
+def serve(args):
+    uid_bytes = _uid_bytes(args, allow_empty=False)
+    directory = args.socket_dir
+    if not directory:
+        raise UsageError("--socket-dir: the directory is empty")
+    forwards = _parse_forwards(args.forward, directory)
+    if args.bind is not None:
+        address = args.bind
+        family = _parse_bind(address)
+    else:
+        address = bind_address(uid_bytes)
+        family = socket.AF_INET
+
+    os.umask(0o077)
+    parent = os.getppid()
+    my_uid = os.getuid()
+
+    identity = _dir_identity(directory)
+    if identity is None or identity == "unknown":
+        log("socket dir %s does not exist or cannot be reached" % directory)
+        return 1
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _on_signal)
+
+    listeners = []
+    selector = selectors.DefaultSelector()
+    try:
+        for port, path in forwards:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            listeners.append(sock)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((address, port))
+                sock.listen(LISTEN_BACKLOG)
+                sock.setblocking(False)
+            except OSError as exc:
+                log("cannot listen on %s (port %d): %s"
+                    % (_fmt((address, port)), port, _errtext(exc)))
+                return 1
+            label = _fmt((address, port))
+            selector.register(sock, selectors.EVENT_READ, (label, path))
+
+        sys.stdout.write("ready %s\n" % address)
+        sys.stdout.flush()
+
+        while True:
+            for key, _ in selector.select(POLL_SECONDS):
+                _accept_all(key.fileobj, key.data, my_uid)
+            if os.getppid() != parent:
+                log("parent process %d ended; exiting" % parent)
+                return 0
+            now = _dir_identity(directory)
+            if now is None or (now != "unknown" and now != identity):
+                log("socket dir %s is gone; exiting" % directory)
+                return 0
+    except Stop:
+        return 0
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        try:
+            selector.close()
+        except Exception:
+            pass
+        for sock in listeners:
+            _close(sock)
+
+
+def _accept_all(listener, data, my_uid):
+    label, path = data
+    for _ in range(64):
+        try:
+            client, _addr = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            log("accept on %s failed: %s" % (label, _errtext(exc)))
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                time.sleep(0.05)  # do not spin while out of descriptors
+            return
+        try:
+            client.setblocking(True)
+            worker = threading.Thread(target=handle, args=(client, label, path, my_uid),
+                                      name="relay-conn")
+            worker.daemon = True
+            worker.start()
+        except Exception as exc:
+            _close(client)
+            log("%s: cannot handle a connection: %s" % (label, _errtext(exc)))
+
+
+def derive(args):
+    uid_bytes = _uid_bytes(args, allow_empty=True)
+    root = os.fsencode(args.socket_root)
+    out = bind_address(uid_bytes).encode("ascii") + b" " + socket_dir(root, uid_bytes) + b"\n"
+    stream = getattr(sys.stdout, "buffer", None)
+    if stream is None:
+        sys.stdout.write(out.decode("utf-8", "surrogateescape"))
+    else:
+        stream.write(out)
+    sys.stdout.flush()
+    return 0
+
+
+def main(argv=None):
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "derive":
+            return derive(args)
+        if args.command == "serve":
+            return serve(args)
+        raise UsageError("a command is required: derive or serve")
+    except UsageError as exc:
+        log("usage: %s" % exc)
+        log("run 'relay.py --help' for the commands")
+        return 2
+
+
+if __name__ == "__main__":
+    status = main()
+    try:
+        sys.stdout.flush()
+    except Exception:
+        pass
+    try:
+        sys.stderr.flush()
+    except Exception:
+        pass
+    # daemon pump threads may be blocked in recv/send; do not wait for them
+    os._exit(status)
