@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# Brings up a real single-node Slurm on this machine for the loopback test site (DESIGN §5):
+# munge, slurmctld and slurmd, with a slurm.conf written here. Idempotent: when everything is
+# already up with the same configuration it only checks and exits (about 0.1-0.2 s).
+#
+# The one compute node is called bhnode1: a name that is NOT this machine's host name and that
+# resolves to 127.0.0.1 (a line in /etc/hosts, added only when missing), so that `squeue -o %B`
+# prints bhnode1 and a session host reaches the node's sshd as bhnode1:<port>, as it would reach
+# a real compute node by its name. slurmd runs here with `-N bhnode1` (NodeHostname is this host).
+#
+# Needs root, no systemd (daemons are started directly; pid files in /run).
+# Environment: BH_SLURM_NODE (bhnode1), BH_SLURM_CPUS (64), BH_SLURM_QUIET=1 (print less),
+#              BH_SLURM_WAIT (seconds to wait for the node, 60).
+set -euo pipefail
+
+NODE=${BH_SLURM_NODE:-bhnode1}
+CPUS=${BH_SLURM_CPUS:-64}
+WAIT=${BH_SLURM_WAIT:-60}
+QUIET=${BH_SLURM_QUIET:-0}
+HOST=$(hostname)
+CONF_DIR=/etc/slurm
+CONF=$CONF_DIR/slurm.conf
+LOG_DIR=/var/log/slurm
+CTLD_LOG=$LOG_DIR/slurmctld.log
+SLURMD_LOG=$LOG_DIR/slurmd.log
+CTLD_PID=/run/slurmctld.pid
+SLURMD_PID=/run/slurmd.pid
+MUNGE_RUN=/run/munge
+MUNGE_PID=$MUNGE_RUN/munged.pid
+MUNGE_SOCK=$MUNGE_RUN/munge.socket.2
+MUNGE_LOG=/var/log/munge/munged.log
+LOCK=/run/backhaul-slurm.lock
+
+say() { [ "$QUIET" = 1 ] || echo "slurm-up: $*"; }
+die() {
+  local log=${2:-}
+  echo "slurm-up: ERROR: $1" >&2
+  if [ -n "$log" ] && [ -r "$log" ]; then
+    echo "---- last lines of $log ----" >&2
+    tail -n 25 "$log" >&2 || true
+    echo "----" >&2
+  fi
+  exit 1
+}
+
+[ "$(id -u)" = 0 ] || die "must run as root (it starts munged, slurmctld and slurmd)"
+for bin in munged munge unmunge slurmctld slurmd sinfo scontrol; do
+  command -v "$bin" >/dev/null 2>&1 || die "$bin not found: apt-get install --no-install-recommends munge slurmctld slurmd slurm-client"
+done
+case $NODE in "$HOST") die "the node name must not be the host name ($HOST)";; esac
+
+# One run at a time (test files and a person at a shell may call this together).
+exec 9>"$LOCK"
+flock -w 120 9 || die "could not lock $LOCK within 120 s"
+
+# alive PIDFILE COMM: prints the pid when the pid file names a live process called COMM.
+# (Shell builtins only: forks are slow here, and this runs on every call.)
+alive() {
+  local pid='' comm=''
+  [ -s "$1" ] || return 1
+  read -r pid <"$1" || [ -n "$pid" ] || return 1
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  { read -r comm <"/proc/$pid/comm"; } 2>/dev/null || return 1
+  [ "$comm" = "$2" ] || return 1
+  echo "$pid"
+}
+
+# ---------------------------------------------------------------- /etc/hosts: NODE -> 127.0.0.1
+if ! awk -v n="$NODE" '$1 == "127.0.0.1" { for (i = 2; i <= NF; i++) if ($i == n) found = 1 } END { exit !found }' /etc/hosts; then
+  # Append in place (no rename: /etc/hosts may be a bind mount).
+  printf '127.0.0.1 %s # backhaul loopback test site\n' "$NODE" >>/etc/hosts
+  say "added '127.0.0.1 $NODE' to /etc/hosts"
+fi
+resolved=$(getent ahostsv4 "$NODE" | awk 'NR == 1 { print $1 }')
+[ "$resolved" = 127.0.0.1 ] || die "$NODE resolves to '${resolved:-nothing}', not 127.0.0.1 (check /etc/hosts and /etc/nsswitch.conf)"
+
+# ---------------------------------------------------------------- slurm.conf
+mem_total=$(slurmd -C 2>/dev/null | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n1)
+mem=$(( ${mem_total:-2000} * 9 / 10 ))
+desired=$(cat <<EOF
+# Written by backhaul scripts/slurm-up.sh: a single-node Slurm for the loopback test site.
+ClusterName=backhaul
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmUser=slurm
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=$CTLD_PID
+SlurmdPidFile=$SLURMD_PID
+SlurmctldLogFile=$CTLD_LOG
+SlurmdLogFile=$SLURMD_LOG
+SlurmctldPort=6817
+SlurmdPort=6818
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# Declare more CPUs than the machine has so that 20+ one-CPU test jobs run side by side.
+SlurmdParameters=config_overrides
+ReturnToService=2
+KillWait=5
+InactiveLimit=0
+MinJobAge=300
+SlurmctldTimeout=30
+SlurmdTimeout=30
+NodeName=$NODE NodeHostname=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$mem State=UNKNOWN
+PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+EOF
+)
+conf_changed=0
+if [ ! -f "$CONF" ] || [ "$(<"$CONF")" != "$desired" ]; then
+  install -d -m 0755 "$CONF_DIR"
+  printf '%s\n' "$desired" >"$CONF.new"
+  chmod 0644 "$CONF.new"
+  mv -f "$CONF.new" "$CONF"
+  conf_changed=1
+  say "wrote $CONF (node $NODE, host $HOST, CPUs=$CPUS)"
+fi
+
+install -d -o slurm -g slurm -m 0755 /var/spool/slurmctld "$LOG_DIR"
+install -d -o root -g root -m 0755 /var/spool/slurmd
+
+# ---------------------------------------------------------------- munge
+munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+if alive "$MUNGE_PID" munged >/dev/null && munge_ok; then
+  :
+else
+  install -d -o munge -g munge -m 0755 "$MUNGE_RUN"
+  install -d -o munge -g munge -m 0700 /var/log/munge
+  install -d -o munge -g munge -m 0711 /var/lib/munge
+  [ -f /etc/munge/munge.key ] || die "/etc/munge/munge.key is missing (mungekey --create, owned by munge, mode 0400)"
+  if pid=$(alive "$MUNGE_PID" munged); then
+    kill "$pid" 2>/dev/null || true
+    sleep 0.3
+  fi
+  force=()
+  # A munged that died (kill -9, reboot without /run cleanup) leaves its socket and pid file:
+  # a new munged refuses to start over them unless told --force.
+  if [ -e "$MUNGE_SOCK" ] || [ -e "$MUNGE_PID" ]; then force=(--force); fi
+  runuser -u munge -- munged "${force[@]}" 9>&- || die "munged did not start" "$MUNGE_LOG"
+  for _ in $(seq 50); do munge_ok && break; sleep 0.1; done
+  munge_ok || die "munge -n | unmunge fails after starting munged" "$MUNGE_LOG"
+  say "started munged (pid $(cat "$MUNGE_PID" 2>/dev/null || echo ?))${force:+ with --force}"
+fi
+
+# ---------------------------------------------------------------- slurmctld / slurmd
+stop_daemon() { # PIDFILE COMM
+  local pid
+  if pid=$(alive "$1" "$2"); then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+    if [ -d "/proc/$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
+    say "stopped $2 (pid $pid)"
+  fi
+  rm -f "$1"
+}
+
+if [ "$conf_changed" = 1 ]; then
+  stop_daemon "$SLURMD_PID" slurmd
+  stop_daemon "$CTLD_PID" slurmctld
+fi
+
+started_ctld=0
+if ! alive "$CTLD_PID" slurmctld >/dev/null; then
+  rm -f "$CTLD_PID"
+  slurmctld 9>&- || die "slurmctld did not start" "$CTLD_LOG"
+  started_ctld=1
+  for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q 'is UP' && break; sleep 0.1; done
+  scontrol ping 2>/dev/null | grep -q 'is UP' || die "slurmctld does not answer scontrol ping" "$CTLD_LOG"
+  say "started slurmctld (pid $(cat "$CTLD_PID" 2>/dev/null || echo ?))"
+fi
+
+slurmd_since=0
+if ! alive "$SLURMD_PID" slurmd >/dev/null; then
+  rm -f "$SLURMD_PID"
+  slurmd_since=$(date +%s)
+  slurmd -N "$NODE" 9>&- || die "slurmd did not start" "$SLURMD_LOG"
+  say "started slurmd -N $NODE (pid $(cat "$SLURMD_PID" 2>/dev/null || echo ?))"
+fi
+
+# ---------------------------------------------------------------- wait for the node
+node_state() { sinfo -h -n "$NODE" -o %t 2>/dev/null | head -n1; }
+slurmd_start_epoch() {
+  local t
+  t=$(scontrol show node "$NODE" -o 2>/dev/null | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p')
+  case $t in ''|None|Unknown) echo 0;; *) date -d "$t" +%s 2>/dev/null || echo 0;; esac
+}
+last_state=''
+ready() {
+  local state
+  state=$(node_state)
+  last_state=$state
+  # idle, mix or alloc without a suffix (`*` not responding, `~` powered off, `#` powering up, `$` maint).
+  case $state in idle|mix|alloc) ;; *) return 1;; esac
+  # After a restart, the node must have registered from the new slurmd (not a state saved earlier).
+  [ "$slurmd_since" = 0 ] || [ "$(slurmd_start_epoch)" -ge "$((slurmd_since - 1))" ]
+}
+
+if [ "$started_ctld$slurmd_since" = 00 ] && ready; then
+  say "already up: munged, slurmctld, slurmd; node $NODE $last_state"
+else
+  deadline=$(( $(date +%s) + WAIT ))
+  resumed=0
+  until ready; do
+    state=$last_state
+    # A node left down or drained by an earlier crash: put it back once its slurmd is up.
+    case $state in down*|drain*|drng*|fail*)
+      if [ "$resumed" = 0 ] && alive "$SLURMD_PID" slurmd >/dev/null; then
+        scontrol update NodeName="$NODE" State=RESUME >/dev/null 2>&1 || true
+        resumed=1
+        say "node $NODE was '$state': asked scontrol to resume it"
+      fi;;
+    esac
+    if ! alive "$SLURMD_PID" slurmd >/dev/null; then die "slurmd exited while starting" "$SLURMD_LOG"; fi
+    if ! alive "$CTLD_PID" slurmctld >/dev/null; then die "slurmctld exited while starting" "$CTLD_LOG"; fi
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      scontrol show node "$NODE" >&2 || true
+      die "node $NODE not ready after ${WAIT}s (sinfo state '${state:-none}')" "$SLURMD_LOG"
+    fi
+    sleep 0.1
+  done
+  say "node $NODE is $(node_state) (SlurmdStartTime $(scontrol show node "$NODE" -o | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p'))"
+fi

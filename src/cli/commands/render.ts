@@ -1,0 +1,50 @@
+import type { Command } from 'commander';
+import { renderPrelude } from '../../render/prelude.js';
+import { renderSessionPlan } from '../../render/session-plan.js';
+import type { PodRef } from '../../spec/pod.js';
+import { parseReverseRequest, type ReverseRequest } from '../../spec/reverse-request.js';
+import type { SiteConfig } from '../../spec/site-config.js';
+import { CliError, EXIT } from '../exit-codes.js';
+import { type ConfigOption, fromFile, loadPod, loadSiteConfig } from '../inputs.js';
+
+async function loadRequest(
+  podFile: string,
+  opts: ConfigOption,
+): Promise<{ pod: PodRef; site: SiteConfig; request: ReverseRequest }> {
+  const site = await loadSiteConfig(opts);
+  const pod = await loadPod(podFile);
+  const request = fromFile(podFile, () =>
+    parseReverseRequest(pod.annotations, {
+      reverse: site.Network.SSH.Reverse,
+      podNamespace: pod.namespace,
+      clusterDomain: site.Backhaul.ClusterDomain,
+    }),
+  );
+  if (!request) {
+    throw new CliError(`${podFile}: the pod has no interlink.eu/reverse-* annotations: nothing to render`, EXIT.usage);
+  }
+  return { pod, site, request };
+}
+
+export function registerRender(program: Command): void {
+  const render = program.command('render').description('print what backhaul would put on the site for a pod');
+  render
+    .command('prelude')
+    .description('print the job prelude (the shell fragment for slurm-job.vk.io/pre-exec)')
+    .argument('<pod.yaml>', 'pod manifest')
+    .option('-c, --config <file>', 'site configuration (default: $BACKHAUL_CONFIG)')
+    .action(async (podFile: string, opts: ConfigOption) => {
+      const { site, request } = await loadRequest(podFile, opts);
+      process.stdout.write(renderPrelude(request, site.Network.SSH.Reverse));
+    });
+  render
+    .command('plan')
+    .description('print the session plan as JSON: bind address, socket paths, endpoints, carrier')
+    .argument('<pod.yaml>', 'pod manifest (with metadata.uid)')
+    .option('-c, --config <file>', 'site configuration (default: $BACKHAUL_CONFIG)')
+    .action(async (podFile: string, opts: ConfigOption) => {
+      const { pod, site, request } = await loadRequest(podFile, opts);
+      const plan = fromFile(podFile, () => renderSessionPlan(pod, request, site));
+      process.stdout.write(`${JSON.stringify(plan, null, 2)}\n`);
+    });
+}

@@ -1,0 +1,48 @@
+import { readFile } from 'node:fs/promises';
+import { type PodRef, parsePodYaml } from '../spec/pod.js';
+import { parseSiteConfigYaml, type SiteConfig } from '../spec/site-config.js';
+import { isSpecError } from '../spec/spec-error.js';
+import { CliError, EXIT } from './exit-codes.js';
+
+export interface ConfigOption {
+  config?: string;
+}
+
+async function readInput(path: string, what: string): Promise<string> {
+  try {
+    return await readFile(path, 'utf8');
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    throw new CliError(`cannot read ${what} ${path}: ${code ?? (err as Error).message}`, EXIT.usage);
+  }
+}
+
+/** Bad input in a file: exit 2 with the file's name before the field's. */
+function fromFile<T>(path: string, parse: () => T): T {
+  try {
+    return parse();
+  } catch (err) {
+    if (isSpecError(err)) throw new CliError(`${path}: ${err.message}`, EXIT.usage);
+    throw err;
+  }
+}
+
+export function configPath(opts: ConfigOption): string {
+  const path = opts.config ?? process.env.BACKHAUL_CONFIG;
+  if (!path) throw new CliError('no site configuration: pass --config FILE or set BACKHAUL_CONFIG', EXIT.usage);
+  return path;
+}
+
+/** The site configuration from --config or BACKHAUL_CONFIG (DESIGN §4.10). */
+export async function loadSiteConfig(opts: ConfigOption): Promise<SiteConfig> {
+  const path = configPath(opts);
+  const text = await readInput(path, 'site configuration');
+  return fromFile(path, () => parseSiteConfigYaml(text, path));
+}
+
+export async function loadPod(path: string): Promise<PodRef> {
+  const text = await readInput(path, 'pod manifest');
+  return fromFile(path, () => parsePodYaml(text, path));
+}
+
+export { fromFile };

@@ -1,0 +1,44 @@
+import { Command, CommanderError } from 'commander';
+import { isSpecError } from '../spec/spec-error.js';
+import { registerRender } from './commands/render.js';
+import { CliError, EXIT } from './exit-codes.js';
+
+export function buildProgram(): Command {
+  const program = new Command('backhaul')
+    .description(
+      'Reverse SSH tunnels from interLink-offloaded Slurm jobs back into the Kubernetes cluster, ' +
+        'run as durable per-pod workflows on Redis.',
+    )
+    .showHelpAfterError('(run with --help for usage)')
+    .exitOverride();
+  registerRender(program);
+  return program;
+}
+
+/** Runs the command line; returns the exit code (DESIGN §4.10: 0 ok, 1 failure, 2 bad usage or input). */
+export async function main(argv: readonly string[]): Promise<number> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync([...argv], { from: 'user' });
+    return EXIT.ok;
+  } catch (err) {
+    return report(err);
+  }
+}
+
+function report(err: unknown): number {
+  if (err instanceof CommanderError) {
+    // Commander already printed the message (or the help text).
+    return err.exitCode === 0 ? EXIT.ok : EXIT.usage;
+  }
+  if (err instanceof CliError) {
+    process.stderr.write(`backhaul: ${err.message}\n`);
+    return err.exitCode;
+  }
+  if (isSpecError(err)) {
+    process.stderr.write(`backhaul: ${err.message}\n`);
+    return EXIT.usage;
+  }
+  process.stderr.write(`backhaul: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+  return EXIT.failure;
+}

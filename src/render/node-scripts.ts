@@ -1,0 +1,53 @@
+import { shellQuote } from './shell-quote.js';
+
+/**
+ * Small scripts the session host runs on the batch host over the carrier (fed to `/bin/sh -s`, as
+ * the bootstrap is, because the login shell may be csh).
+ */
+
+/** Exit status of the prepare script when the prelude has not made the socket dir (yet). */
+export const PREPARE_DIR_MISSING = 10;
+/** Exit status of the prepare script when the socket dir is not the user's own private dir. */
+export const PREPARE_DIR_UNSAFE = 12;
+
+/**
+ * Before forwards on the node's own sshd: the socket dir must be the one the prelude made, and
+ * sockets left by an earlier attempt must go — sshd never unlinks them, and with the default
+ * `StreamLocalBindUnlink no` a stale file makes the bind fail.
+ */
+export function renderPrepareSockets(socketDir: string, socketPaths: readonly string[]): string {
+  const dir = shellQuote(socketDir);
+  return [
+    `if [ ! -d ${dir} ]; then exit ${PREPARE_DIR_MISSING}; fi`,
+    `if [ -L ${dir} ] || [ ! -O ${dir} ]; then echo 'socket dir is not owned by this user' >&2; exit ${PREPARE_DIR_UNSAFE}; fi`,
+    `rm -f -- ${socketPaths.map(shellQuote).join(' ')}`,
+    '',
+  ].join('\n');
+}
+
+/** Token the watch prints when the socket dir or a socket is gone. */
+export const WATCH_VANISHED = 'backhaul-vanished';
+
+/**
+ * Runs for the life of the forwards: ends, printing WATCH_VANISHED, when the socket dir or one of
+ * the sockets disappears (the job's trap removes the dir when the batch script ends). It prints a
+ * dot each round so that, once the carrier is gone, the next write kills it (SIGPIPE) instead of
+ * leaving a loop behind on the node.
+ */
+export function renderSocketWatch(socketDir: string, socketPaths: readonly string[], intervalS: number): string {
+  if (!Number.isInteger(intervalS) || intervalS < 1) throw new RangeError('intervalS must be a positive integer');
+  const checks = [`[ -d ${shellQuote(socketDir)} ]`, ...socketPaths.map((p) => `[ -S ${shellQuote(p)} ]`)];
+  return [
+    `while ${checks.join(' && ')}; do`,
+    `  printf .`,
+    `  sleep ${intervalS}`,
+    'done',
+    `echo ${WATCH_VANISHED}`,
+    '',
+  ].join('\n');
+}
+
+/** Removes the sockets a session made; sshd leaves them behind. */
+export function renderRemoveSockets(socketPaths: readonly string[]): string {
+  return `rm -f -- ${socketPaths.map(shellQuote).join(' ')}\n`;
+}

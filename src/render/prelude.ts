@@ -1,0 +1,307 @@
+// biome-ignore-all lint/suspicious/noTemplateCurlyInString: these strings are shell code; ${...} is shell parameter expansion.
+import { ANNOTATION } from '../spec/annotations.js';
+import { isDnsName } from '../spec/host-names.js';
+import type { Forward } from '../spec/reverse-request.js';
+import type { ReverseConfig } from '../spec/site-config.js';
+import { SpecError } from '../spec/spec-error.js';
+import { hostNameGroups, hostNames } from './hosts-file.js';
+import { hasPrelude, PRELUDE_BEGIN, PRELUDE_END } from './prelude-markers.js';
+import { relaySource } from './relay-source.js';
+import { shellQuote } from './shell-quote.js';
+import { checkSocketPaths } from './socket-paths.js';
+
+export { hasPrelude, PRELUDE_BEGIN, PRELUDE_END, stripPrelude } from './prelude-markers.js';
+
+/** The part of a ReverseRequest the prelude needs. */
+export type PreludeRequest = { forwards: readonly Pick<Forward, 'listenPort' | 'names'>[] };
+/** The site settings the prelude needs (WaitForForwards in milliseconds). */
+export type PreludeSettings = Pick<ReverseConfig, 'SocketRoot' | 'PythonPath' | 'WaitForForwards'>;
+
+/** How long the prelude waits for the relay to report that every port is bound. */
+const RELAY_READY_SECONDS = 10;
+/** How often the wait for the forwards reports progress. */
+const PROGRESS_EVERY_SECONDS = 30;
+
+/**
+ * The shell fragment interLink's Slurm plugin pastes verbatim into the batch script (DESIGN §4.4).
+ *
+ * The pod UID, and with it the bind address and socket dir, is only known on the compute node (a pod
+ * has no UID at admission), so the fragment derives them there with the relay's own `derive`. The
+ * batch script runs under bash, but the fragment sticks to POSIX sh so dash can run it too, and it
+ * behaves under `set -e` and `set -u` should the script have them. Variables start with `bh_` to stay
+ * clear of the plugin's own.
+ *
+ * The plugin appends " <job.sh>" right after the pre-exec text, so the fragment ends with a newline:
+ * otherwise job.sh would become part of the closing marker comment and never run.
+ */
+export function renderPrelude(request: PreludeRequest, settings: PreludeSettings, relay = relaySource()): string {
+  const ports = request.forwards.map((f) => f.listenPort);
+  checkPorts(ports);
+  checkNames(request.forwards);
+  checkSocketPaths(settings.SocketRoot, ports);
+  const waitMs = settings.WaitForForwards;
+  if (!Number.isFinite(waitMs) || waitMs < 0) {
+    throw new SpecError('Network.SSH.Reverse.WaitForForwards', `not a duration: ${waitMs} ms`);
+  }
+  const waitSeconds = Math.ceil(waitMs / 1000);
+  if (hasPrelude(relay) || relay.split('\n').some((line) => line.startsWith('# <<< backhaul prelude'))) {
+    // stripPrelude works line by line: a marker inside the embedded source would cut the block short.
+    throw new Error('the relay source contains a prelude marker line');
+  }
+  const groups = hostNameGroups(hostNames(request.forwards));
+
+  return [
+    PRELUDE_BEGIN,
+    '# Reverse forwards of this pod (backhaul). The admission webhook rewrites this block.',
+    ...header(settings.PythonPath, relay, settings.SocketRoot),
+    ...socketDirSetup(),
+    ...cleanupTrap(),
+    ...hostsFile(groups),
+    ...containerBinds(),
+    ...(ports.length > 0 ? [...startRelay(ports), ...waitForSockets(ports, waitSeconds)] : []),
+    '# Files the workload creates keep the permissions it expects.',
+    'umask "$bh_umask"',
+    // bh_dir and bh_relay_pid stay: the EXIT trap needs them.
+    'unset bh_umask bh_uid bh_py bh_relay_src bh_derived bh_addr bh_why bh_hosts bh_bind bh_relay_py bh_ready_file bh_tick bh_ticks bh_n bh_ready bh_rc bh_limit bh_waited bh_missing',
+    PRELUDE_END,
+    '',
+  ].join('\n');
+}
+
+function checkPorts(ports: readonly number[]): void {
+  for (const port of ports) {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) {
+      throw new SpecError(ANNOTATION.forwards, `listen port ${port} is not a port number`, {
+        accepted: 'ports 1-65535',
+      });
+    }
+  }
+  if (new Set(ports).size !== ports.length) {
+    throw new SpecError(ANNOTATION.forwards, 'listen ports repeat', { accepted: 'distinct listen ports' });
+  }
+}
+
+/** Names are single-quoted anyway; this keeps the hosts file itself well-formed (no blanks, no newlines). */
+function checkNames(forwards: readonly Pick<Forward, 'names'>[]): void {
+  for (const name of forwards.flatMap((f) => f.names)) {
+    if (!isDnsName(name)) {
+      throw new SpecError(ANNOTATION.forwards, `${JSON.stringify(name)} is not a host name`, {
+        accepted: 'RFC 1123 host names',
+      });
+    }
+  }
+}
+
+function header(pythonPath: string, relay: string, socketRoot: string): string[] {
+  return [
+    // The socket dir, hosts file and relay copy must be private to the job's user from the start.
+    'bh_umask=$(umask)',
+    'umask 077',
+    'bh_uid=${BACKHAUL_POD_UID:-${SLURM_JOB_NAME:-}}',
+    'if [ -z "$bh_uid" ]; then',
+    "  echo 'backhaul: no pod UID: neither BACKHAUL_POD_UID nor SLURM_JOB_NAME is set, so the reverse forwards cannot be set up' >&2",
+    '  exit 1',
+    'fi',
+    'case $bh_uid in',
+    '  [!A-Za-z0-9]* | *[!A-Za-z0-9._-]*)',
+    `    printf 'backhaul: %s is not a pod UID (letters, digits, ".", "_" and "-"), so the reverse forwards cannot be set up\\n' "$bh_uid" >&2`,
+    '    exit 1 ;;',
+    'esac',
+    `bh_py=${shellQuote(pythonPath)}`,
+    // Single quotes rather than a heredoc inside $(...): every shell reads them the same way (old
+    // bash versions mis-parse some heredocs in command substitutions), and nothing in them expands.
+    '# shellcheck disable=SC2016',
+    `bh_relay_src=${shellQuote(relay)}`,
+    `if ! bh_derived=$("$bh_py" -c "$bh_relay_src" derive --uid="$bh_uid" --socket-root=${shellQuote(socketRoot)}); then`,
+    `  printf 'backhaul: %s could not run the relay; Python 3 is needed on the compute node (Network.SSH.Reverse.PythonPath)\\n' "$bh_py" >&2`,
+    '  exit 1',
+    'fi',
+    'bh_addr=${bh_derived%% *}',
+    'bh_dir=${bh_derived#* }',
+    // The trap runs `rm -rf` on this path: make sure it is what derive promises.
+    'case $bh_addr:$bh_dir in',
+    '  127.*:/*bh-*) ;;',
+    '  *)',
+    `    printf 'backhaul: the relay derived %s, not "<address> <socket dir>"\\n' "$bh_derived" >&2`,
+    '    exit 1 ;;',
+    'esac',
+  ];
+}
+
+/**
+ * The socket dir's name is predictable and its parent is a shared directory such as /tmp, so another
+ * user could create it first (or plant a symlink) to receive the forwarded connections. A directory
+ * that already exists is only used if it is a real directory owned by this user.
+ */
+function socketDirSetup(): string[] {
+  return [
+    'if ! mkdir -m 700 "$bh_dir" 2>/dev/null; then',
+    '  bh_why=',
+    '  if [ -L "$bh_dir" ]; then',
+    "    bh_why='is a symbolic link'",
+    '  elif [ ! -e "$bh_dir" ]; then',
+    `    printf 'backhaul: cannot create the socket dir %s (does Network.SSH.Reverse.SocketRoot exist on this node?)\\n' "$bh_dir" >&2`,
+    '    exit 1',
+    '  elif [ ! -d "$bh_dir" ]; then',
+    "    bh_why='is not a directory'",
+    '  elif [ ! -O "$bh_dir" ]; then',
+    "    bh_why='belongs to another user'",
+    '  fi',
+    '  if [ -n "$bh_why" ]; then',
+    `    printf 'backhaul: refusing the socket dir %s: it %s (it sits in a shared directory, so another user may have made it to intercept the forwards)\\n' "$bh_dir" "$bh_why" >&2`,
+    '    exit 1',
+    '  fi',
+    '  if ! chmod 700 "$bh_dir"; then',
+    `    printf 'backhaul: cannot make the socket dir %s private\\n' "$bh_dir" >&2`,
+    '    exit 1',
+    '  fi',
+    // Left by an earlier run of this pod that was killed before its trap ran: those sockets lead
+    // nowhere and would end the wait for the forwards at once.
+    '  rm -f -- "$bh_dir"/*.sock',
+    'fi',
+  ];
+}
+
+/**
+ * Set only once the dir is known to be this user's own: a refused dir must not be removed. HUP, INT
+ * and TERM become a plain exit so that the EXIT trap runs in dash too (dash does not run it when a
+ * signal kills the shell).
+ */
+function cleanupTrap(): string[] {
+  return [
+    'bh_relay_pid=',
+    'bh_cleanup() {',
+    '  if [ -n "$bh_relay_pid" ]; then',
+    '    kill "$bh_relay_pid" 2>/dev/null || :',
+    '  fi',
+    '  rm -rf -- "$bh_dir"',
+    '}',
+    'trap bh_cleanup EXIT',
+    "trap 'exit 129' HUP",
+    "trap 'exit 130' INT",
+    "trap 'exit 143' TERM",
+  ];
+}
+
+/** The names are quoted as a group: one printf argument per hosts line. */
+function hostsFile(groups: readonly string[][]): string[] {
+  return [
+    'bh_hosts=$bh_dir/hosts',
+    'if ! {',
+    '  cat /etc/hosts 2>/dev/null || :',
+    // The leading newline guards against an /etc/hosts whose last line has no newline.
+    `  printf '\\n# backhaul: Services forwarded to pod %s\\n' "$bh_uid"`,
+    ...groups.map((group) => `  printf '%s %s\\n' "$bh_addr" ${shellQuote(group.join(' '))}`),
+    '} >"$bh_hosts"; then',
+    `  printf 'backhaul: cannot write %s\\n' "$bh_hosts" >&2`,
+    '  exit 1',
+    'fi',
+    'BACKHAUL_HOSTS_FILE=$bh_hosts',
+    'BACKHAUL_BIND_ADDRESS=$bh_addr',
+    'BACKHAUL_SOCKET_DIR=$bh_dir',
+    'export BACKHAUL_HOSTS_FILE BACKHAUL_BIND_ADDRESS BACKHAUL_SOCKET_DIR',
+  ];
+}
+
+/**
+ * Apptainer reads APPTAINER_BIND and ignores SINGULARITY_BIND when both are set, so binds that were
+ * only in SINGULARITY_BIND are carried into APPTAINER_BIND; SingularityCE reads SINGULARITY_BIND.
+ */
+function containerBinds(): string[] {
+  return [
+    'bh_bind=$bh_hosts:/etc/hosts',
+    'if [ -n "${APPTAINER_BIND:-}" ]; then',
+    '  APPTAINER_BIND=$APPTAINER_BIND,$bh_bind',
+    'elif [ -n "${SINGULARITY_BIND:-}" ]; then',
+    '  APPTAINER_BIND=$SINGULARITY_BIND,$bh_bind',
+    'else',
+    '  APPTAINER_BIND=$bh_bind',
+    'fi',
+    'SINGULARITY_BIND=${SINGULARITY_BIND:+$SINGULARITY_BIND,}$bh_bind',
+    'export APPTAINER_BIND SINGULARITY_BIND',
+  ];
+}
+
+/**
+ * A plain background child (no setsid or nohup): scancel signals the whole job, and the relay also
+ * leaves when its parent, this script, ends. The source is written into the socket dir so that ps
+ * shows a short command line.
+ */
+function startRelay(ports: readonly number[]): string[] {
+  const forwards = ports.map((port) => `--forward=${shellQuote(port)}`).join(' ');
+  return [
+    'bh_relay_py=$bh_dir/relay.py',
+    'bh_ready_file=$bh_dir/relay.ready',
+    'if ! printf \'%s\\n\' "$bh_relay_src" >"$bh_relay_py"; then',
+    `  printf 'backhaul: cannot write %s\\n' "$bh_relay_py" >&2`,
+    '  exit 1',
+    'fi',
+    `"$bh_py" "$bh_relay_py" serve --uid="$bh_uid" --socket-dir="$bh_dir" --bind="$bh_addr" ${forwards} >"$bh_ready_file" &`,
+    'bh_relay_pid=$!',
+    // POSIX sleep takes whole seconds; GNU and busybox sleep take fractions, which start jobs sooner.
+    'if sleep 0.01 2>/dev/null; then',
+    `  bh_tick=0.1 bh_ticks=${RELAY_READY_SECONDS * 10}`,
+    'else',
+    `  bh_tick=1 bh_ticks=${RELAY_READY_SECONDS}`,
+    'fi',
+    'bh_n=0',
+    'while :; do',
+    '  bh_ready=',
+    '  if [ -s "$bh_ready_file" ]; then',
+    '    IFS= read -r bh_ready <"$bh_ready_file" || :',
+    '  fi',
+    '  case $bh_ready in',
+    "    'ready '*) break ;;",
+    '  esac',
+    '  if ! kill -0 "$bh_relay_pid" 2>/dev/null; then',
+    '    bh_rc=0',
+    '    wait "$bh_relay_pid" || bh_rc=$?',
+    '    bh_relay_pid=',
+    `    printf 'backhaul: the relay exited with status %s before it was ready (its messages are above)\\n' "$bh_rc" >&2`,
+    '    exit 1',
+    '  fi',
+    '  bh_n=$((bh_n + 1))',
+    '  if [ "$bh_n" -ge "$bh_ticks" ]; then',
+    `    echo 'backhaul: the relay did not report ready within ${RELAY_READY_SECONDS} s' >&2`,
+    '    exit 1',
+    '  fi',
+    '  sleep "$bh_tick"',
+    'done',
+  ];
+}
+
+/**
+ * The forwards come up when the session host reaches the job, which can take a while after the job
+ * starts. The workload should not start before them, but must not hang forever either: after the wait
+ * it starts anyway, and the relay closes connections to ports whose forward is not up yet.
+ */
+function waitForSockets(ports: readonly number[], waitSeconds: number): string[] {
+  const list = shellQuote(ports.join(' '));
+  return [
+    `bh_limit=${waitSeconds}`,
+    'bh_waited=0',
+    `printf 'backhaul: waiting up to %s s for the forwards of ports %s\\n' "$bh_limit" ${list} >&2`,
+    'while :; do',
+    '  bh_missing=',
+    // One test per port rather than a loop over a quoted list (shellcheck takes a one-word list for a
+    // mistake).
+    ...ports.map(
+      (port) =>
+        `  if [ ! -S "$bh_dir"/${shellQuote(`${port}.sock`)} ]; then bh_missing="$bh_missing "${shellQuote(port)}; fi`,
+    ),
+    '  if [ -z "$bh_missing" ]; then',
+    `    printf 'backhaul: forwards ready after %s s\\n' "$bh_waited" >&2`,
+    '    break',
+    '  fi',
+    '  if [ "$bh_waited" -ge "$bh_limit" ]; then',
+    `    printf 'backhaul: warning: forwards not ready after %s s, missing ports:%s; starting the workload anyway (connections to those ports are closed until their forwards are up)\\n' "$bh_limit" "$bh_missing" >&2`,
+    '    break',
+    '  fi',
+    `  if [ "$bh_waited" -gt 0 ] && [ $((bh_waited % ${PROGRESS_EVERY_SECONDS})) -eq 0 ]; then`,
+    `    printf 'backhaul: still waiting for the forwards of ports%s (%s s of %s s)\\n' "$bh_missing" "$bh_waited" "$bh_limit" >&2`,
+    '  fi',
+    '  sleep 1',
+    '  bh_waited=$((bh_waited + 1))',
+    'done',
+  ];
+}

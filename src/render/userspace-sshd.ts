@@ -1,0 +1,239 @@
+import { SpecError } from '../spec/spec-error.js';
+import { isPlainWord, shellQuote } from './shell-quote.js';
+
+/**
+ * The user-space sshd a carrier runs on the batch host (DESIGN §4.6, modes userspace and srun), and
+ * the bootstrap script that prepares it. Everything lives in `<socket dir>/carrier`, which the
+ * prelude's trap removes with the socket dir when the job ends.
+ */
+
+export interface CarrierPaths {
+  dir: string;
+  hostKey: string;
+  hostPublicKey: string;
+  authorizedKeys: string;
+  config: string;
+}
+
+export function carrierPaths(socketDir: string): CarrierPaths {
+  const dir = `${socketDir}/carrier`;
+  return {
+    dir,
+    hostKey: `${dir}/host_ed25519`,
+    hostPublicKey: `${dir}/host_ed25519.pub`,
+    authorizedKeys: `${dir}/authorized_keys`,
+    config: `${dir}/sshd_config`,
+  };
+}
+
+/** Exit statuses of the bootstrap, so the session host can tell the causes apart. */
+export const BOOTSTRAP_EXIT = {
+  dirMissing: 10,
+  dirNotDirectory: 11,
+  dirNotOwned: 12,
+  dirBadMode: 13,
+  carrierDir: 14,
+  hostKey: 15,
+  writeFiles: 16,
+  sshdConfig: 17,
+} as const;
+
+/** The one line the bootstrap prints on success: `backhaul-hostkey <type> <base64>`. */
+export const HOSTKEY_PREFIX = 'backhaul-hostkey';
+
+const KEY_TYPES = ['ssh-ed25519', 'ecdsa-sha2-nistp256', 'ssh-rsa'] as const;
+const KEY_LINE = /^(ssh-ed25519|ecdsa-sha2-nistp256|ssh-rsa) ([A-Za-z0-9+/]+={0,2})(?: [\x20-\x7e]*)?$/;
+
+/**
+ * Checks the session host's public key and returns it as `<type> <base64>` (any comment dropped).
+ * The key ends up in authorized_keys, where an option prefix or a second line would widen what the
+ * key may do, so anything but one plain key of a known type is refused. The base64 blob must also
+ * decode to a key of the type the line names.
+ */
+export function validateAuthorizedKey(key: string): string {
+  const match = KEY_LINE.exec(key.trim());
+  const fail = (problem: string): never => {
+    throw new SpecError('authorizedKey', problem, {
+      entry: key.length > 120 ? `${key.slice(0, 120)}…` : key,
+      accepted: `one OpenSSH public key line of type ${KEY_TYPES.join(', ')}`,
+    });
+  };
+  if (!match) return fail('not a single OpenSSH public key line');
+  const [, type = '', blob = ''] = match;
+  const bytes = Buffer.from(blob, 'base64');
+  if (bytes.toString('base64') !== blob) fail('the key is not valid base64');
+  const nameLength = bytes.length >= 4 ? bytes.readUInt32BE(0) : -1;
+  if (
+    nameLength < 0 ||
+    4 + nameLength > bytes.length ||
+    bytes.subarray(4, 4 + nameLength).toString('latin1') !== type
+  ) {
+    fail(`the key data is not a ${type} key`);
+  }
+  return `${type} ${blob}`;
+}
+
+export interface SshdConfigInput {
+  socketDir: string;
+  /** The SOCKS port the session host may listen on (on 127.0.0.1), or none. */
+  socksPort: number | undefined;
+  clientAliveIntervalS: number;
+  clientAliveCountMax?: number;
+  logLevel?: 'QUIET' | 'FATAL' | 'ERROR' | 'INFO' | 'VERBOSE' | 'DEBUG';
+}
+
+/**
+ * Only what a carrier needs: remote unix-socket forwards (which also need AllowTcpForwarding remote,
+ * while PermitListen keeps TCP listeners closed unless SOCKS is allowed), no local forwards, no
+ * terminals, no agent or X11, no user rc. StrictModes is off because the files live under /tmp; the
+ * bootstrap checks the owner and mode of the socket dir instead.
+ */
+export function renderSshdConfig(input: SshdConfigInput): string {
+  checkPath(input.socketDir, 'socketDir');
+  const socksPort = checkSocksPort(input.socksPort);
+  checkPositiveInt(input.clientAliveIntervalS, 'clientAliveIntervalS');
+  const countMax = input.clientAliveCountMax ?? 3;
+  checkPositiveInt(countMax, 'clientAliveCountMax');
+  const paths = carrierPaths(input.socketDir);
+  // The session host asks for 127.0.0.1; sshd compares the requested name literally.
+  const listen = socksPort === undefined ? 'none' : `127.0.0.1:${socksPort} localhost:${socksPort}`;
+  return [
+    '# backhaul user-space sshd for one carrier; written fresh by every bootstrap',
+    `HostKey ${paths.hostKey}`,
+    `AuthorizedKeysFile ${paths.authorizedKeys}`,
+    'PidFile none',
+    'UsePAM no',
+    'StrictModes no',
+    'PubkeyAuthentication yes',
+    'AuthenticationMethods publickey',
+    'PasswordAuthentication no',
+    'KbdInteractiveAuthentication no',
+    'HostbasedAuthentication no',
+    'PermitRootLogin no',
+    'PermitTTY no',
+    'X11Forwarding no',
+    'AllowAgentForwarding no',
+    'PermitTunnel no',
+    'PermitUserRC no',
+    'PermitUserEnvironment no',
+    'GatewayPorts no',
+    'AllowTcpForwarding remote',
+    'AllowStreamLocalForwarding remote',
+    `PermitListen ${listen}`,
+    'PermitOpen none',
+    'StreamLocalBindUnlink yes',
+    'StreamLocalBindMask 0177',
+    `ClientAliveInterval ${input.clientAliveIntervalS}`,
+    `ClientAliveCountMax ${countMax}`,
+    `LogLevel ${input.logLevel ?? 'INFO'}`,
+    '',
+  ].join('\n');
+}
+
+export interface BootstrapInput extends SshdConfigInput {
+  sshdPath: string;
+  /** The session host's public key for this attempt. */
+  authorizedKey: string;
+  /** Where ssh-keygen is on the batch host; the login PATH by default. */
+  sshKeygenPath?: string;
+}
+
+/**
+ * A POSIX sh script for `/bin/sh -s`: the HPC user's login shell may be csh, so the command the
+ * session host execs stays a few plain words and the script itself travels on stdin. For the same
+ * reason the commands that might read stdin (ssh-keygen asks questions) read /dev/null instead: they
+ * would eat the rest of the script.
+ *
+ * It prints exactly one line on stdout, `backhaul-hostkey <type> <base64>`, which the session host
+ * pins for the sshd it starts next; failures print one `backhaul-bootstrap: ...` line on stderr and
+ * exit with a BOOTSTRAP_EXIT status.
+ */
+export function renderBootstrap(input: BootstrapInput): string {
+  checkPath(input.sshdPath, 'sshdPath');
+  const keygen = input.sshKeygenPath ?? 'ssh-keygen';
+  if (!isPlainWord(keygen)) throw new SpecError('sshKeygenPath', 'not a plain command name or path');
+  const key = validateAuthorizedKey(input.authorizedKey);
+  const config = renderSshdConfig(input);
+  const paths = carrierPaths(input.socketDir);
+  const E = BOOTSTRAP_EXIT;
+  return [
+    '#!/bin/sh',
+    "# backhaul carrier bootstrap: prepares a user-space sshd in the job's socket dir.",
+    'umask 077',
+    'bh_fail() {',
+    '  printf \'backhaul-bootstrap: %s\\n\' "$2" >&2',
+    '  exit "$1"',
+    '}',
+    `bh_dir=${shellQuote(input.socketDir)}`,
+    `bh_carrier=${shellQuote(paths.dir)}`,
+    `bh_key=${shellQuote(paths.hostKey)}`,
+    `bh_pub=${shellQuote(paths.hostPublicKey)}`,
+    `bh_auth=${shellQuote(paths.authorizedKeys)}`,
+    `bh_cfg=${shellQuote(paths.config)}`,
+    `bh_sshd=${shellQuote(input.sshdPath)}`,
+    `bh_keygen=${shellQuote(keygen)}`,
+    // The prelude made the dir 0700 for the job's user; anything else is not the job's dir.
+    'if [ ! -e "$bh_dir" ] && [ ! -L "$bh_dir" ]; then',
+    `  bh_fail ${E.dirMissing} "socket dir $bh_dir missing: job not started or prelude not run"`,
+    'fi',
+    'if [ -L "$bh_dir" ] || [ ! -d "$bh_dir" ]; then',
+    `  bh_fail ${E.dirNotDirectory} "socket dir $bh_dir is not a directory"`,
+    'fi',
+    'if [ ! -O "$bh_dir" ]; then',
+    `  bh_fail ${E.dirNotOwned} "socket dir $bh_dir is not owned by $(id -un)"`,
+    'fi',
+    'case $(ls -ld -- "$bh_dir") in',
+    '  drwx------*) ;;',
+    `  *) bh_fail ${E.dirBadMode} "socket dir $bh_dir does not have mode 0700" ;;`,
+    'esac',
+    'if [ -L "$bh_carrier" ]; then',
+    `  bh_fail ${E.carrierDir} "$bh_carrier is a symbolic link"`,
+    'fi',
+    'if [ ! -d "$bh_carrier" ] && ! mkdir -m 700 "$bh_carrier"; then',
+    `  bh_fail ${E.carrierDir} "cannot create $bh_carrier"`,
+    'fi',
+    'if ! chmod 700 "$bh_carrier"; then',
+    `  bh_fail ${E.carrierDir} "cannot make $bh_carrier private"`,
+    'fi',
+    // A fresh host key per attempt: the session host pins it for this one connection. ssh-keygen
+    // would ask before overwriting, so the old one goes first.
+    'rm -f -- "$bh_key" "$bh_pub"',
+    'if ! "$bh_keygen" -q -t ed25519 -N \'\' -C backhaul-carrier -f "$bh_key" </dev/null >/dev/null; then',
+    `  bh_fail ${E.hostKey} "cannot generate a host key with $bh_keygen"`,
+    'fi',
+    'if ! {',
+    `  printf '%s\\n' ${shellQuote(`restrict,port-forwarding ${key}`)} >"$bh_auth" &&`,
+    `  printf '%s' ${shellQuote(config)} >"$bh_cfg"`,
+    '}; then',
+    `  bh_fail ${E.writeFiles} "cannot write the files in $bh_carrier"`,
+    'fi',
+    'if ! "$bh_sshd" -t -f "$bh_cfg" </dev/null >&2; then',
+    `  bh_fail ${E.sshdConfig} "$bh_sshd refuses the configuration $bh_cfg"`,
+    'fi',
+    'if ! read -r bh_type bh_blob _ <"$bh_pub" || [ -z "$bh_blob" ]; then',
+    `  bh_fail ${E.hostKey} "cannot read the host key $bh_pub"`,
+    'fi',
+    `printf '${HOSTKEY_PREFIX} %s %s\\n' "$bh_type" "$bh_blob"`,
+    'exit 0',
+    '',
+  ].join('\n');
+}
+
+/** Paths reach sshd_config unquoted (sshd would split them at blanks) and commands run by csh. */
+function checkPath(path: string, field: string): void {
+  if (!/^\/[A-Za-z0-9._/+-]*$/.test(path)) {
+    throw new SpecError(field, `${JSON.stringify(path)} is not an absolute path of letters, digits and . _ / + -`);
+  }
+}
+
+function checkSocksPort(port: number | undefined): number | undefined {
+  if (port === undefined) return undefined;
+  if (!Number.isInteger(port) || port < 1024 || port > 65535) {
+    throw new SpecError('socksPort', `${port} is not a port 1024-65535`);
+  }
+  return port;
+}
+
+function checkPositiveInt(value: number, field: string): void {
+  if (!Number.isInteger(value) || value < 1) throw new SpecError(field, `${value} is not a positive whole number`);
+}

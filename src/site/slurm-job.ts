@@ -1,0 +1,85 @@
+import { shellWord } from '../render/shell-quote.js';
+
+/**
+ * Finding a pod's Slurm job through the login node. interLink's Slurm plugin names the job after the
+ * pod UID, so the job is found by name and user; squeue keeps finished jobs for MinJobAge seconds.
+ */
+
+/** Where a job is in its life, as the shadow session cares about it. */
+export type JobPhase = 'pending' | 'running' | 'suspended' | 'ending' | 'ended';
+
+/** squeue's compact states (`%t`), every one Slurm 22.05–24.x prints. */
+const PHASE_OF_STATE: Readonly<Record<string, JobPhase>> = {
+  PD: 'pending', // PENDING
+  CF: 'pending', // CONFIGURING: nodes booting
+  RQ: 'pending', // REQUEUED
+  RH: 'pending', // REQUEUE_HOLD
+  RF: 'pending', // REQUEUE_FED
+  RD: 'pending', // RESV_DEL_HOLD
+  RS: 'running', // RESIZING
+  R: 'running',
+  SI: 'running', // SIGNALING
+  SO: 'running', // STAGE_OUT: the batch script has ended
+  S: 'suspended', // SUSPENDED
+  ST: 'suspended', // STOPPED (SIGSTOP)
+  CG: 'ending', // COMPLETING
+  CD: 'ended', // COMPLETED
+  CA: 'ended', // CANCELLED
+  F: 'ended', // FAILED
+  TO: 'ended', // TIMEOUT
+  PR: 'ended', // PREEMPTED
+  NF: 'ended', // NODE_FAIL
+  BF: 'ended', // BOOT_FAIL
+  DL: 'ended', // DEADLINE
+  OOM: 'ended', // OUT_OF_MEMORY
+  SE: 'ended', // SPECIAL_EXIT
+  RV: 'ended', // REVOKED
+};
+
+export function jobPhase(state: string): JobPhase {
+  // An unknown state is treated as pending: waiting is safe, declaring the job over is not.
+  return PHASE_OF_STATE[state] ?? 'pending';
+}
+
+export interface SlurmJob {
+  jobId: string;
+  state: string;
+  phase: JobPhase;
+  /** The node running the batch script; empty until the job starts. */
+  batchHost: string | undefined;
+}
+
+const FIELD_SEPARATOR = '|';
+const JOB_ID = /^\d+(?:_\d+)?$/;
+const HOST = /^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})$/;
+
+/** `squeue` for the jobs of `user` named `jobName`, in every state, one `id|state|batchhost` line each. */
+export function squeueCommand(user: string, jobName: string): string {
+  return `squeue --noheader --all --states=all --user=${shellWord(user)} --name=${shellWord(jobName)} --format='%i|%t|%B'`;
+}
+
+export function parseSqueue(output: string): SlurmJob[] {
+  const jobs: SlurmJob[] = [];
+  for (const line of output.split('\n')) {
+    const [jobId, state, host] = line.trim().split(FIELD_SEPARATOR);
+    if (!jobId || !state || !JOB_ID.test(jobId)) continue;
+    const batchHost = host && host !== 'n/a' && host !== '(null)' && HOST.test(host) ? host : undefined;
+    jobs.push({ jobId, state, phase: jobPhase(state), batchHost });
+  }
+  return jobs;
+}
+
+/**
+ * The job that matters when several carry the pod's name (a requeue, an earlier attempt):
+ * the newest one still alive, else the newest one.
+ */
+export function currentJob(jobs: readonly SlurmJob[]): SlurmJob | undefined {
+  const newestFirst = [...jobs].sort((a, b) => compareJobIds(b.jobId, a.jobId));
+  return newestFirst.find((j) => j.phase !== 'ended') ?? newestFirst[0];
+}
+
+function compareJobIds(a: string, b: string): number {
+  const [aMain = 0, aTask = 0] = a.split('_').map(Number);
+  const [bMain = 0, bTask = 0] = b.split('_').map(Number);
+  return aMain - bMain || aTask - bTask;
+}

@@ -1,0 +1,176 @@
+import type { Duplex } from 'node:stream';
+import ssh2, { type Client } from 'ssh2';
+import { type BatchJob, carrierCommands } from '../render/carrier-command.js';
+import { BOOTSTRAP_EXIT, HOSTKEY_PREFIX, renderBootstrap } from '../render/userspace-sshd.js';
+import type { CarrierMode } from '../spec/carrier-mode.js';
+import { type KnownHostEntry, verifyHostKey } from './known-hosts.js';
+import { execCapture, openExec } from './remote-exec.js';
+import { SessionError } from './session-error.js';
+import { connectSsh, type ServerMessages } from './ssh-connect.js';
+
+export interface CarrierSite {
+  user: string;
+  privateKey: Buffer | string;
+  knownHosts: readonly KnownHostEntry[];
+  sshdPath: string;
+  nodeSshPort: number;
+  keepaliveIntervalMs: number;
+}
+
+export interface CarrierRequest {
+  mode: CarrierMode;
+  job: BatchJob;
+  socketDir: string;
+  socksPort: number | undefined;
+}
+
+/** An SSH connection to an sshd on the batch host, ready for forwards. */
+export interface Carrier {
+  readonly mode: CarrierMode;
+  readonly client: Client;
+  readonly serverMessages: ServerMessages;
+  /** Settles once, with why the carrier went away (never rejects). */
+  readonly lost: Promise<string>;
+  close(): void;
+}
+
+/**
+ * Opens the carrier of DESIGN §4.6 through an open login connection:
+ * - node: a direct-tcpip channel from the login node to `<batch host>:<NodeSshPort>`;
+ * - userspace: the same hop, then a bootstrap and `sshd -i` exec'd over it;
+ * - srun: the bootstrap and `sshd -i` exec'd on the login node inside `srun --overlap`.
+ * The user-space sshd gets a fresh host key per attempt, pinned from the bootstrap's output, and
+ * authorizes a fresh client key made here: nothing long-lived is left on the node.
+ */
+export async function openCarrier(login: Client, site: CarrierSite, req: CarrierRequest): Promise<Carrier> {
+  const commands = carrierCommands(
+    req.mode,
+    { sshdPath: site.sshdPath, socketDir: req.socketDir, nodeSshPort: site.nodeSshPort },
+    req.job,
+  );
+  const hops: Client[] = [];
+  try {
+    if (commands.mode === 'node') {
+      const { client, serverMessages } = await jumpToNode(login, site, commands.nodeTarget);
+      return carrier(req.mode, client, serverMessages, hops);
+    }
+    let execOn = login;
+    if (commands.mode === 'userspace') {
+      const node = await jumpToNode(login, site, commands.nodeTarget);
+      hops.push(node.client);
+      execOn = node.client;
+    }
+    const clientKey = ssh2.utils.generateKeyPairSync('ed25519');
+    const hostKey = await bootstrap(execOn, commands.bootstrapCommand, {
+      socketDir: req.socketDir,
+      sshdPath: site.sshdPath,
+      authorizedKey: clientKey.public,
+      socksPort: req.socksPort,
+      clientAliveIntervalS: Math.max(1, Math.round(site.keepaliveIntervalMs / 1000)),
+    });
+    const channel = await openExec(execOn, commands.sshdCommand);
+    const sshdLog: string[] = [];
+    channel.stderr.on('data', (chunk: Buffer) => {
+      if (sshdLog.length < 50) sshdLog.push(chunk.toString('utf8').trim());
+    });
+    try {
+      const { client, serverMessages } = await connectSsh({
+        label: `user-space sshd on ${req.job.batchHost}`,
+        host: req.job.batchHost,
+        port: 0,
+        username: site.user,
+        privateKey: clientKey.private,
+        sock: channel as unknown as Duplex,
+        keepaliveIntervalMs: site.keepaliveIntervalMs,
+        verifyHostKey: (key) =>
+          key.equals(hostKey) ? { ok: true } : { ok: false, reason: 'mismatch', name: 'the bootstrapped host key' },
+      });
+      return carrier(req.mode, client, serverMessages, hops);
+    } catch (err) {
+      channel.close();
+      if (err instanceof SessionError && err.kind === 'login-unreachable') {
+        const said = sshdLog.join(' | ');
+        throw new SessionError(
+          'carrier-lost',
+          `the user-space sshd on ${req.job.batchHost} did not start: ${said || err.message}`,
+          {
+            cause: err,
+          },
+        );
+      }
+      throw err;
+    }
+  } catch (err) {
+    for (const hop of hops) hop.end();
+    throw err;
+  }
+}
+
+function carrier(mode: CarrierMode, client: Client, serverMessages: ServerMessages, hops: Client[]): Carrier {
+  let closing = false;
+  const lost = new Promise<string>((resolve) => {
+    client.once('error', (err: Error) => resolve(closing ? 'closed' : err.message));
+    client.once('close', () => resolve(closing ? 'closed' : 'the connection to the batch host closed'));
+    for (const hop of hops) hop.once('close', () => resolve(closing ? 'closed' : 'the hop to the batch host closed'));
+  });
+  return {
+    mode,
+    client,
+    serverMessages,
+    lost,
+    close() {
+      closing = true;
+      client.end();
+      for (const hop of hops) hop.end();
+    },
+  };
+}
+
+async function jumpToNode(
+  login: Client,
+  site: CarrierSite,
+  target: { host: string; port: number },
+): Promise<{ client: Client; serverMessages: ServerMessages }> {
+  const channel = await new Promise<Duplex>((resolve, reject) => {
+    login.forwardOut('127.0.0.1', 0, target.host, target.port, (err, stream) => {
+      if (err) {
+        reject(
+          new SessionError(
+            'carrier-lost',
+            `the login node could not reach ${target.host}:${target.port}: ${err.message}`,
+            {
+              cause: err,
+            },
+          ),
+        );
+      } else resolve(stream as unknown as Duplex);
+    });
+  });
+  return connectSsh({
+    label: `node sshd ${target.host}:${target.port}`,
+    host: target.host,
+    port: target.port,
+    username: site.user,
+    privateKey: site.privateKey,
+    sock: channel,
+    keepaliveIntervalMs: site.keepaliveIntervalMs,
+    verifyHostKey: (key) => verifyHostKey(site.knownHosts, target.host, target.port, key),
+  });
+}
+
+const BOOTSTRAP_KIND: Readonly<Record<number, SessionError['kind']>> = {
+  [BOOTSTRAP_EXIT.dirMissing]: 'job-not-running',
+};
+
+/** Runs the bootstrap; returns the fresh host key's wire blob to pin. */
+async function bootstrap(on: Client, command: string, input: Parameters<typeof renderBootstrap>[0]): Promise<Buffer> {
+  const result = await execCapture(on, command, { stdin: renderBootstrap(input), timeoutMs: 60_000 });
+  const line = result.stdout.split('\n').find((l) => l.startsWith(`${HOSTKEY_PREFIX} `));
+  if (result.code !== 0 || !line) {
+    const why = result.stderr.trim().split('\n').slice(-3).join(' | ') || `exit status ${result.code}`;
+    const kind = BOOTSTRAP_KIND[result.code ?? -1] ?? 'bootstrap-failed';
+    throw new SessionError(kind, `carrier bootstrap on the batch host failed: ${why}`);
+  }
+  const [, , blob = ''] = line.trim().split(/\s+/);
+  return Buffer.from(blob, 'base64');
+}

@@ -1,0 +1,64 @@
+import type { Client, ClientChannel } from 'ssh2';
+
+export interface ExecResult {
+  code: number | null;
+  signal: string | undefined;
+  stdout: string;
+  stderr: string;
+}
+
+/** Opens an exec channel (never a pty: a pty would mangle the bytes of a carrier). */
+export function openExec(client: Client, command: string): Promise<ClientChannel> {
+  return new Promise((resolve, reject) => {
+    client.exec(command, (err, channel) => (err ? reject(err) : resolve(channel)));
+  });
+}
+
+/**
+ * Runs a command to completion on the far side, optionally feeding `stdin` (scripts travel on
+ * stdin because the remote login shell may be csh, which mangles multi-line quoted arguments).
+ */
+export async function execCapture(
+  client: Client,
+  command: string,
+  opts: { stdin?: string; timeoutMs?: number; maxBytes?: number } = {},
+): Promise<ExecResult> {
+  const channel = await openExec(client, command);
+  const maxBytes = opts.maxBytes ?? 1 << 20;
+  return new Promise((resolve, reject) => {
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    let size = 0;
+    let code: number | null = null;
+    let signal: string | undefined;
+    const timer = setTimeout(() => {
+      channel.close();
+      reject(new Error(`remote command timed out after ${opts.timeoutMs} ms: ${command}`));
+    }, opts.timeoutMs ?? 30_000);
+    const keep = (into: Buffer[]) => (chunk: Buffer) => {
+      size += chunk.length;
+      if (size <= maxBytes) into.push(chunk);
+    };
+    channel.on('data', keep(out));
+    channel.stderr.on('data', keep(err));
+    channel.on('exit', (c: number | null, s?: string) => {
+      code = c;
+      signal = s;
+    });
+    channel.on('close', () => {
+      clearTimeout(timer);
+      resolve({
+        code,
+        signal,
+        stdout: Buffer.concat(out).toString('utf8'),
+        stderr: Buffer.concat(err).toString('utf8'),
+      });
+    });
+    channel.on('error', (e: Error) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    if (opts.stdin !== undefined) channel.end(opts.stdin);
+    else channel.end();
+  });
+}

@@ -1,0 +1,38 @@
+/**
+ * Why a shadow session could not be set up or ended, classified so the machine can decide between
+ * retrying (carrier lost, login unreachable) and failing at once (host key mismatch, forwarding
+ * refused by the site), and so an operator reads the cause rather than a stack trace.
+ */
+export type SessionErrorKind =
+  | 'login-unreachable'
+  | 'auth-refused'
+  | 'host-key-mismatch'
+  | 'forwarding-refused'
+  | 'bootstrap-failed'
+  | 'job-not-running'
+  | 'job-ended'
+  | 'carrier-lost'
+  | 'sockets-vanished'
+  | 'closed';
+
+const PERMANENT: ReadonlySet<SessionErrorKind> = new Set(['auth-refused', 'host-key-mismatch', 'forwarding-refused']);
+
+export class SessionError extends Error {
+  override readonly name = 'SessionError';
+  constructor(
+    readonly kind: SessionErrorKind,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+
+  /** Retrying cannot help: the site's configuration or keys must change first. */
+  get permanent(): boolean {
+    return PERMANENT.has(this.kind);
+  }
+}
+
+export function isSessionError(err: unknown, kind?: SessionErrorKind): err is SessionError {
+  return err instanceof SessionError && (kind === undefined || err.kind === kind);
+}

@@ -1,0 +1,104 @@
+import type { Duplex } from 'node:stream';
+import { Client, type ConnectConfig } from 'ssh2';
+import { fingerprint, type HostKeyVerdict } from './known-hosts.js';
+import { SessionError } from './session-error.js';
+
+export interface SshTarget {
+  /** For messages: which hop this is ("login 127.0.0.1:22", "node bhnode1:22"). */
+  label: string;
+  host: string;
+  port: number;
+  username: string;
+  privateKey: Buffer | string;
+  verifyHostKey: (key: Buffer) => HostKeyVerdict;
+  /** An established stream to the sshd (a jump channel, an exec channel); else TCP to host:port. */
+  sock?: Duplex;
+  keepaliveIntervalMs: number;
+  keepaliveCountMax?: number;
+  readyTimeoutMs?: number;
+}
+
+/** Lines ssh2 logs that carry the server's own reason ("Debug output from server: ..."). */
+export type ServerMessages = string[];
+
+/**
+ * Opens one SSH connection with the host key verified (no trust on first use) and errors
+ * classified. aes128-gcm first: it uses Node's OpenSSL and needs no native addon.
+ */
+export function connectSsh(target: SshTarget): Promise<{ client: Client; serverMessages: ServerMessages }> {
+  const client = new Client();
+  const serverMessages: ServerMessages = [];
+  let verdict: HostKeyVerdict | undefined;
+  let presented: Buffer | undefined;
+  const config: ConnectConfig = {
+    host: target.host,
+    port: target.port,
+    username: target.username,
+    privateKey: target.privateKey,
+    keepaliveInterval: target.keepaliveIntervalMs,
+    keepaliveCountMax: target.keepaliveCountMax ?? 2,
+    readyTimeout: target.readyTimeoutMs ?? 20_000,
+    algorithms: {
+      cipher: [
+        'aes128-gcm@openssh.com',
+        'aes256-gcm@openssh.com',
+        'aes128-ctr',
+        'aes256-ctr',
+        'chacha20-poly1305@openssh.com',
+      ],
+    },
+    hostVerifier: (key: Buffer) => {
+      presented = key;
+      verdict = target.verifyHostKey(key);
+      return verdict.ok;
+    },
+    debug: (line: string) => {
+      // Keep only what the server said: it explains refusals that the callback errors do not.
+      const at = line.indexOf('Debug output from server: ');
+      if (at >= 0) serverMessages.push(line.slice(at + 'Debug output from server: '.length).replace(/^"|"$/g, ''));
+    },
+  };
+  if (target.sock) config.sock = target.sock as unknown as ConnectConfig['sock'];
+
+  return new Promise((resolve, reject) => {
+    const onError = (err: Error & { level?: string }) => {
+      client.removeListener('ready', onReady);
+      client.end();
+      reject(classifyConnectError(target, err, verdict, presented));
+    };
+    const onReady = () => {
+      client.removeListener('error', onError);
+      resolve({ client, serverMessages });
+    };
+    client.once('error', onError);
+    client.once('ready', onReady);
+    client.connect(config);
+  });
+}
+
+function classifyConnectError(
+  target: SshTarget,
+  err: Error & { level?: string },
+  verdict: HostKeyVerdict | undefined,
+  presented: Buffer | undefined,
+): SessionError {
+  if (verdict && !verdict.ok && presented) {
+    const what =
+      verdict.reason === 'unknown-host'
+        ? `no known_hosts entry for ${verdict.name}`
+        : `host key ${verdict.reason} for ${verdict.name}`;
+    return new SessionError(
+      'host-key-mismatch',
+      `${target.label}: ${what} (presented ${fingerprint(presented)}); nothing was sent`,
+      {
+        cause: err,
+      },
+    );
+  }
+  if (err.level === 'client-authentication') {
+    return new SessionError('auth-refused', `${target.label}: authentication refused for user ${target.username}`, {
+      cause: err,
+    });
+  }
+  return new SessionError('login-unreachable', `${target.label}: ${err.message}`, { cause: err });
+}

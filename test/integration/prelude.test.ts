@@ -1,0 +1,306 @@
+import { execFile } from 'node:child_process';
+import { chown, lstat, mkdir, mkdtemp, readdir, readFile, readlink, rm, stat, symlink } from 'node:fs/promises';
+import net from 'node:net';
+import { promisify } from 'node:util';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { type PreludeSettings, renderPrelude } from '../../src/render/prelude.js';
+import { bindAddress, socketDir } from '../../src/spec/derivations.js';
+import { ensureUser, JOB_USER, OTHER_USER, type TestUser } from '../fixtures/users.js';
+import { requestFor } from '../unit/render-fixtures.js';
+import {
+  eventually,
+  findProcesses,
+  gone,
+  processInfo,
+  type RunningScript,
+  STATE_SNIPPET,
+  startScript,
+  uniqueUid,
+} from './script-runner.js';
+
+const execFileAsync = promisify(execFile);
+
+const SETTINGS: PreludeSettings = { SocketRoot: '/tmp', PythonPath: '/usr/bin/python3', WaitForForwards: 2000 };
+const FORWARDS = 'redis:6379 minio.storage.svc.cluster.local:9000 8080:10.0.0.1:80';
+const NAMES =
+  'redis.user.svc.cluster.local redis.user.svc redis.user redis minio.storage.svc.cluster.local minio.storage.svc minio.storage';
+
+function prelude(forwards: string, settings: Partial<PreludeSettings> = {}): string {
+  const { request } = requestFor('node', forwards, forwards === '' ? 11080 : undefined);
+  return renderPrelude(request, { ...SETTINGS, ...settings });
+}
+
+/** The umask the scripts inherit, as `umask` prints it: the prelude must hand it back unchanged. */
+const INHERITED_UMASK = (() => {
+  const mask = process.umask();
+  return mask.toString(8).padStart(4, '0');
+})();
+
+let job: TestUser;
+let other: TestUser;
+const uids: string[] = [];
+const scripts: RunningScript[] = [];
+const extraPaths: string[] = [];
+
+function newUid(label: string): string {
+  const uid = uniqueUid(label);
+  uids.push(uid);
+  return uid;
+}
+
+async function start(shell: string, text: string, env: Record<string, string>): Promise<RunningScript> {
+  const script = await startScript(job, shell, text, env);
+  scripts.push(script);
+  return script;
+}
+
+async function relayOf(dir: string): Promise<number[]> {
+  return findProcesses('relay.py', `--socket-dir=${dir}`);
+}
+
+beforeAll(async () => {
+  job = await ensureUser(JOB_USER);
+  other = await ensureUser(OTHER_USER);
+}, 60_000);
+
+afterEach(async () => {
+  for (const script of scripts.splice(0)) {
+    if (script.child.exitCode === null && script.child.signalCode === null) script.child.kill('SIGKILL');
+    await script.exited.catch(() => undefined);
+  }
+});
+
+afterAll(async () => {
+  for (const uid of uids) {
+    const dir = socketDir('/tmp', uid);
+    for (const pid of await relayOf(dir)) process.kill(pid, 'SIGKILL');
+    await rm(dir, { recursive: true, force: true });
+  }
+  for (const path of extraPaths) await rm(path, { recursive: true, force: true });
+});
+
+describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell) => {
+  it('sets up the socket dir, hosts file, binds and relay, waits a bounded time, and cleans up', async () => {
+    const uid = newUid('main');
+    const dir = socketDir('/tmp', uid);
+    const address = bindAddress(uid);
+    // Under set -eu, as some batch scripts have it.
+    const script = await start(shell, `set -eu\n${prelude(FORWARDS)}${STATE_SNIPPET}`, { SLURM_JOB_NAME: uid });
+    const state = await script.state();
+    const elapsed = Date.now() - script.startedAt;
+
+    expect(state.dir).toBe(dir);
+    expect(state.addr).toBe(address);
+    expect(state.umask).toBe(INHERITED_UMASK);
+
+    const dirStat = await lstat(dir);
+    expect(dirStat.isDirectory()).toBe(true);
+    expect(dirStat.mode & 0o777).toBe(0o700);
+    expect(dirStat.uid).toBe(job.uid);
+
+    expect(state.hosts).toBe(`${dir}/hosts`);
+    const hosts = await readFile(`${dir}/hosts`, 'utf8');
+    expect(hosts.startsWith(await readFile('/etc/hosts', 'utf8'))).toBe(true);
+    expect(hosts.split('\n')).toContain(`${address} ${NAMES}`);
+    expect(((await stat(`${dir}/hosts`)).mode & 0o777).toString(8)).toBe('600');
+
+    expect(state.apptainer).toBe(`${dir}/hosts:/etc/hosts`);
+    expect(state.singularity).toBe(`${dir}/hosts:/etc/hosts`);
+
+    // A plain child of the batch script, listening on the pod's address.
+    const relays = await relayOf(dir);
+    expect(relays).toHaveLength(1);
+    const relay = relays[0] ?? -1;
+    expect((await processInfo(relay))?.ppid).toBe(Number(state.pid));
+    for (const port of [6379, 9000, 8080]) {
+      await new Promise<void>((resolve, reject) => {
+        const socket = net.connect({ host: address, port }, () => {
+          socket.destroy();
+          resolve();
+        });
+        socket.on('error', reject);
+      });
+    }
+
+    // Nothing forwards into the dir: the wait ends after WaitForForwards with a warning.
+    expect(script.stderr).toMatch(/waiting up to 2 s for the forwards of ports 6379 9000 8080/);
+    expect(script.stderr).toMatch(/warning: forwards not ready after 2 s, missing ports: 6379 9000 8080;/);
+    expect(elapsed).toBeGreaterThanOrEqual(1900);
+    expect(elapsed).toBeLessThan(15_000);
+
+    const exit = await script.finish();
+    expect(exit.code).toBe(0);
+    expect(script.stdout).toMatch(/^workload-done$/m);
+    expect(gone(dir)).toBe(true);
+    expect(await eventually(async () => (await processInfo(relay)) === undefined)).toBe(true);
+  }, 60_000);
+
+  it('goes on as soon as every socket is there, and keeps the exit status', async () => {
+    const uid = newUid('early');
+    const dir = socketDir('/tmp', uid);
+    const script = await start(
+      shell,
+      `set -eu\n${prelude(FORWARDS, { WaitForForwards: 60_000 })}${STATE_SNIPPET}exit 7\n`,
+      {
+        SLURM_JOB_NAME: uid,
+      },
+    );
+    await script.waitFor(/waiting up to 60 s/, 'stderr');
+    // What the session host's sshd does: a unix socket per listen port, in the job's dir.
+    const servers = await Promise.all(
+      [6379, 9000, 8080].map(
+        (port) =>
+          new Promise<net.Server>((resolve, reject) => {
+            const server = net.createServer((c) => c.destroy());
+            server.on('error', reject);
+            server.listen(`${dir}/${port}.sock`, () => resolve(server));
+          }),
+      ),
+    );
+    const created = Date.now();
+    try {
+      await script.state();
+      expect(Date.now() - created).toBeLessThan(5_000);
+      expect(script.stderr).toMatch(/forwards ready after \d+ s/);
+      expect(script.stderr).not.toMatch(/warning/);
+    } finally {
+      await Promise.all(servers.map((s) => new Promise((resolve) => s.close(resolve))));
+    }
+    const exit = await script.finish();
+    expect(exit.code).toBe(7);
+    expect(gone(dir)).toBe(true);
+  }, 60_000);
+
+  it('cleans up when Slurm sends TERM (scancel)', async () => {
+    const uid = newUid('term');
+    const dir = socketDir('/tmp', uid);
+    const snippet = STATE_SNIPPET.replace('read -r bh_test_go || :', 'sleep 600');
+    const script = await start(shell, prelude('redis:6379', { WaitForForwards: 1000 }) + snippet, {
+      SLURM_JOB_NAME: uid,
+    });
+    await script.state();
+    const [relay] = await relayOf(dir);
+    expect(relay).toBeDefined();
+    // scancel signals every process of the job; the relay is left out to see that the trap ends it.
+    const workloads: number[] = [];
+    for (const pid of await findProcesses('sleep', '600')) {
+      if ((await processInfo(pid))?.ppid === script.pid) workloads.push(pid);
+    }
+    expect(workloads).toHaveLength(1);
+    process.kill(script.pid, 'SIGTERM');
+    for (const pid of workloads) process.kill(pid, 'SIGTERM');
+    const exit = await script.exited;
+    expect(exit.code).toBe(143);
+    expect(gone(dir)).toBe(true);
+    expect(await eventually(async () => (await processInfo(relay ?? -1)) === undefined)).toBe(true);
+  }, 60_000);
+
+  it('appends the hosts file to APPTAINER_BIND and SINGULARITY_BIND, keeping existing binds', async () => {
+    const cases: { env: Record<string, string>; apptainer: string; singularity: string }[] = [
+      { env: {}, apptainer: 'H', singularity: 'H' },
+      { env: { APPTAINER_BIND: '/data:/data' }, apptainer: '/data:/data,H', singularity: 'H' },
+      { env: { SINGULARITY_BIND: '/scratch' }, apptainer: '/scratch,H', singularity: '/scratch,H' },
+      { env: { APPTAINER_BIND: '/a:/b:ro', SINGULARITY_BIND: '/s' }, apptainer: '/a:/b:ro,H', singularity: '/s,H' },
+    ];
+    await Promise.all(
+      cases.map(async (c) => {
+        const uid = newUid('binds');
+        const hosts = `${socketDir('/tmp', uid)}/hosts:/etc/hosts`;
+        const script = await start(shell, prelude('') + STATE_SNIPPET, { SLURM_JOB_NAME: uid, ...c.env });
+        const state = await script.state();
+        expect(state.apptainer).toBe(c.apptainer.replace('H', hosts));
+        expect(state.singularity).toBe(c.singularity.replace('H', hosts));
+        expect((await script.finish()).code).toBe(0);
+      }),
+    );
+  }, 60_000);
+
+  it('takes BACKHAUL_POD_UID over SLURM_JOB_NAME', async () => {
+    const uid = newUid('override');
+    const script = await start(shell, prelude('') + STATE_SNIPPET, {
+      BACKHAUL_POD_UID: uid,
+      SLURM_JOB_NAME: 'some-other-job-name',
+    });
+    expect((await script.state()).dir).toBe(socketDir('/tmp', uid));
+    expect((await script.finish()).code).toBe(0);
+  }, 30_000);
+
+  it('stops without a pod UID, or with one that is not a UID', async () => {
+    const none = await start(shell, prelude('redis:6379') + STATE_SNIPPET, {});
+    expect((await none.exited).code).toBe(1);
+    expect(none.stderr).toMatch(/no pod UID: neither BACKHAUL_POD_UID nor SLURM_JOB_NAME is set/);
+    expect(none.stdout).not.toMatch(/checkpoint/);
+
+    const bad = await start(shell, prelude('redis:6379') + STATE_SNIPPET, { SLURM_JOB_NAME: '../etc' });
+    expect((await bad.exited).code).toBe(1);
+    expect(bad.stderr).toMatch(/\.\.\/etc is not a pod UID/);
+  }, 30_000);
+
+  it('refuses a socket dir that another user made first', async () => {
+    const uid = newUid('squat');
+    const dir = socketDir('/tmp', uid);
+    await mkdir(dir, { mode: 0o700 });
+    await chown(dir, other.uid, other.gid);
+    const script = await start(shell, prelude('redis:6379') + STATE_SNIPPET, { SLURM_JOB_NAME: uid });
+    expect((await script.exited).code).toBe(1);
+    expect(script.stderr).toMatch(/refusing the socket dir .*: it belongs to another user/);
+    expect(script.stdout).not.toMatch(/checkpoint/);
+    // Not the job's to remove.
+    expect((await lstat(dir)).uid).toBe(other.uid);
+    expect(await relayOf(dir)).toEqual([]);
+  }, 30_000);
+
+  it('refuses a symbolic link at the socket dir path', async () => {
+    const uid = newUid('link');
+    const dir = socketDir('/tmp', uid);
+    const target = await mkdtemp('/tmp/bh-link-target-');
+    extraPaths.push(target);
+    await chown(target, job.uid, job.gid);
+    await symlink(target, dir);
+    const script = await start(shell, prelude('redis:6379') + STATE_SNIPPET, { SLURM_JOB_NAME: uid });
+    expect((await script.exited).code).toBe(1);
+    expect(script.stderr).toMatch(/refusing the socket dir .*: it is a symbolic link/);
+    expect(await readlink(dir)).toBe(target);
+    expect(await readdir(target)).toEqual([]);
+  }, 30_000);
+
+  it('reuses its own leftover dir: made private again, stale sockets removed', async () => {
+    const uid = newUid('leftover');
+    const dir = socketDir('/tmp', uid);
+    await mkdir(dir, { mode: 0o755 });
+    await chown(dir, job.uid, job.gid);
+    // A socket left by a killed run: bound, never unlinked.
+    await execFileAsync('/usr/bin/python3', [
+      '-c',
+      'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])',
+      `${dir}/6379.sock`,
+    ]);
+    const script = await start(shell, prelude('redis:6379', { WaitForForwards: 1000 }) + STATE_SNIPPET, {
+      SLURM_JOB_NAME: uid,
+    });
+    await script.state();
+    expect((await lstat(dir)).mode & 0o777).toBe(0o700);
+    expect(script.stderr).toMatch(/missing ports: 6379;/);
+    expect((await script.finish()).code).toBe(0);
+    expect(gone(dir)).toBe(true);
+  }, 30_000);
+
+  it('gives a container the names through a hosts file bound over /etc/hosts (as Apptainer does)', async () => {
+    const uid = newUid('bwrap');
+    const address = bindAddress(uid);
+    const workload = [
+      'for name in redis redis.user minio.storage.svc.cluster.local; do',
+      '  bwrap --dev-bind / / --bind "$BACKHAUL_HOSTS_FILE" /etc/hosts getent hosts "$name" | sed "s/^/resolved $name /"',
+      'done',
+      '',
+    ].join('\n');
+    const script = await start(shell, prelude(FORWARDS, { WaitForForwards: 1000 }) + workload, { SLURM_JOB_NAME: uid });
+    const exit = await script.exited;
+    expect(exit.code, script.stderr).toBe(0);
+    for (const name of ['redis', 'redis.user', 'minio.storage.svc.cluster.local']) {
+      expect(script.stdout).toMatch(
+        new RegExp(`^resolved ${name.replaceAll('.', '\\.')} ${address.replaceAll('.', '\\.')}\\s`, 'm'),
+      );
+    }
+  }, 30_000);
+});
