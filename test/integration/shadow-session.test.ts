@@ -51,7 +51,7 @@ describe.each([
     const { session, phases, ended } = startSession(h, plan);
     await waitForState(jobId, ['COMPLETED', 'FAILED', 'CANCELLED'], 120_000);
     const text = await readFile(out, 'utf8');
-    expect(text).toContain(`workload ${100 * MiB} ${100 * MiB} True`);
+    expect(text, `phases: ${JSON.stringify(phases)}`).toContain(`workload ${100 * MiB} ${100 * MiB} True`);
     expect(phases.map((p) => p.type).slice(0, 4)).toEqual([
       'SHADOW_UP',
       'BATCH_HOST',
