@@ -1,5 +1,6 @@
 import { Command, CommanderError } from 'commander';
 import { isSpecError } from '../spec/spec-error.js';
+import { registerDoctor } from './commands/doctor.js';
 import { registerRender } from './commands/render.js';
 import { CliError, EXIT } from './exit-codes.js';
 
@@ -12,6 +13,7 @@ export function buildProgram(): Command {
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride();
   registerRender(program);
+  registerDoctor(program);
   return program;
 }
 

@@ -1,0 +1,66 @@
+import { type Command, InvalidArgumentError } from 'commander';
+import { validateBatchHost } from '../../render/carrier-command.js';
+import { DEFAULT_CHECK_TIMEOUT_MS, runDoctor } from '../../site/doctor/run-doctor.js';
+import { isSpecError } from '../../spec/spec-error.js';
+import { renderDoctorTable } from '../doctor-table.js';
+import { CliError, EXIT } from '../exit-codes.js';
+import { type ConfigOption, configPath, loadSiteConfig } from '../inputs.js';
+
+interface DoctorFlags extends ConfigOption {
+  node?: string;
+  json?: boolean;
+  timeout?: number;
+}
+
+function seconds(value: string): number {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < 1 || n > 600) throw new InvalidArgumentError('expected a number of seconds, 1-600');
+  return n * 1000;
+}
+
+function nodeName(value: string): string {
+  try {
+    return validateBatchHost(value);
+  } catch (err) {
+    if (isSpecError(err)) throw new InvalidArgumentError('expected a host name');
+    throw err;
+  }
+}
+
+/**
+ * `backhaul doctor` (DESIGN §4.10): checks a site before going live and says what to change.
+ * Exit 0 when every check passes (or is skipped), 1 when one fails, 2 for bad usage or configuration.
+ */
+export function registerDoctor(program: Command): void {
+  program
+    .command('doctor')
+    .description(
+      'check a site: key, host keys, login, Slurm, ssh to a compute node, forwarding on its sshd, python, socket root',
+    )
+    .option('-c, --config <file>', 'site configuration (default: $BACKHAUL_CONFIG)')
+    .option('--node <host>', 'the compute node to test (default: the first usable node sinfo lists)', nodeName)
+    .option('--json', 'print a JSON array of {check, status, detail, fix}')
+    .option('--timeout <seconds>', `time limit of each check (default ${DEFAULT_CHECK_TIMEOUT_MS / 1000})`, seconds)
+    .action(async (flags: DoctorFlags) => {
+      const site = await loadSiteConfig(flags);
+      const results = await runDoctor(site, configPath(flags), {
+        node: flags.node,
+        timeoutMs: flags.timeout ?? DEFAULT_CHECK_TIMEOUT_MS,
+      });
+      if (flags.json) {
+        process.stdout.write(`${JSON.stringify(results, null, 2)}\n`);
+      } else {
+        const tty = process.stdout.isTTY === true;
+        process.stdout.write(
+          renderDoctorTable(results, {
+            colour: tty && !process.env.NO_COLOR,
+            width: tty ? process.stdout.columns : undefined,
+          }),
+        );
+      }
+      const failed = results.filter((r) => r.status === 'FAIL').length;
+      if (failed > 0) {
+        throw new CliError(`doctor: ${failed} of ${results.length} checks failed`, EXIT.failure);
+      }
+    });
+}
