@@ -1,7 +1,9 @@
 import { Command, CommanderError } from 'commander';
 import { isSpecError } from '../spec/spec-error.js';
 import { registerDoctor } from './commands/doctor.js';
+import { registerPodCommands } from './commands/pods.js';
 import { registerRender } from './commands/render.js';
+import { registerWorker } from './commands/worker.js';
 import { CliError, EXIT } from './exit-codes.js';
 
 export function buildProgram(): Command {
@@ -14,6 +16,8 @@ export function buildProgram(): Command {
     .exitOverride();
   registerRender(program);
   registerDoctor(program);
+  registerWorker(program);
+  registerPodCommands(program);
   return program;
 }
 

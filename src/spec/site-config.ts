@@ -58,9 +58,15 @@ export const backhaulSchema = z.strictObject({
   SessionCapacity: z.number().int().min(1).max(10_000).default(200),
   /** Carriers sharing one login connection; stay below the login sshd's MaxSessions. */
   LoginMaxSessions: z.number().int().min(1).max(1_000).default(8),
-  LeaseTTL: duration(1000).prefault('10s'),
+  LeaseTTL: duration(1000).prefault('5s'),
   RetryLimit: z.number().int().min(0).max(100).default(5),
   RetryBackoff: duration(100).prefault('2s'),
+  /** The longest wait between two shadow launches (the backoff doubles up to it). */
+  RetryBackoffMax: duration(100).prefault('5m'),
+  /** How long a shadow may take to come up, open its carrier or establish its forwards. */
+  PhaseTimeout: duration(1000).prefault('2m'),
+  /** How long a forgotten pod's history is kept. */
+  HistoryTTL: duration(1000).prefault('7d'),
   KeepaliveInterval: duration(100).prefault('2s'),
   SocketCheckInterval: duration(100).prefault('3s'),
   ClusterDomain: z.string().regex(HOST_NAME).default('cluster.local'),

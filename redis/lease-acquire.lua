@@ -1,0 +1,42 @@
+-- lease-acquire: take a pod's fencing lease for a shadow session (DESIGN §4.7).
+-- Granted when the lease is free, expired, or already held by the same holder; never to a generation
+-- older than the one holding it (a stale shadow must not come back). Every grant draws a new fencing
+-- token from a counter, so an earlier holder's token stops working at once.
+--
+-- KEYS[1] lease              <prefix>lease:<uid>     hash {holder, generation, token, expiresAt}
+-- KEYS[2] lease index        <prefix>leases          sorted set: uid scored by expiresAt (ms)
+-- KEYS[3] token counter      <prefix>lease-token
+-- ARGV[1] uid
+-- ARGV[2] holder (session host id)
+-- ARGV[3] generation
+-- ARGV[4] ttl (ms)
+-- ARGV[5] retain (ms): the key outlives expiresAt by this much, so the reaper can see expired leases
+--
+-- Returns {1, holder, generation, token, expiresAt} when granted,
+--         {0, holder, generation, token, expiresAt, reason} with the current lease when refused
+--         (reason 'held' or 'older-generation').
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local generation = tonumber(ARGV[3])
+
+local cur = redis.call('HMGET', KEYS[1], 'holder', 'generation', 'token', 'expiresAt')
+if cur[1] then
+  local curGen = tonumber(cur[2])
+  local refused = nil
+  if generation < curGen then
+    refused = 'older-generation'
+  elseif cur[1] ~= ARGV[2] and tonumber(cur[4]) > now then
+    refused = 'held'
+  end
+  if refused then
+    return {0, cur[1], curGen, tonumber(cur[3]), tonumber(cur[4]), refused}
+  end
+end
+
+local token = redis.call('INCR', KEYS[3])
+local expiresAt = now + tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], 'holder', ARGV[2], 'generation', generation, 'token', token, 'expiresAt', expiresAt)
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]) + tonumber(ARGV[5]))
+redis.call('ZADD', KEYS[2], expiresAt, ARGV[1])
+return {1, ARGV[2], generation, token, expiresAt}

@@ -1,0 +1,47 @@
+-- pod-cas: compare-and-set of a pod's snapshot. Writes only if the stored gen is the one the caller
+-- loaded, so concurrent appliers never lose an update: the loser reloads and applies again.
+--
+-- KEYS[1] pod hash           <prefix>pod:<uid>
+-- KEYS[2] pod index          <prefix>pods          sorted set: uid scored by updatedAt (ms)
+-- KEYS[3] name index         <prefix>pods:by-name  hash: "<namespace>/<name>" -> uid
+-- KEYS[4] history            <prefix>hist:<uid>    stream, capped
+-- ARGV[1] uid
+-- ARGV[2] expected gen (as loaded)
+-- ARGV[3] snapshot (JSON)
+-- ARGV[4] machine version
+-- ARGV[5] state name
+-- ARGV[6] namespace
+-- ARGV[7] name
+-- ARGV[8] history cap (XADD MAXLEN ~)
+-- ARGV[9..] history entry as field, value, … (none: no entry)
+--
+-- Returns {1, new gen} when written, {0, stored gen} on a conflict, {-1, 0} when the pod has no record.
+
+local gen = redis.call('HGET', KEYS[1], 'gen')
+if not gen then
+  return {-1, 0}
+end
+if gen ~= ARGV[2] then
+  return {0, tonumber(gen)}
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nextGen = tonumber(gen) + 1
+
+-- The pod may have been renamed in the record (POD_UPSERT): move its name index entry.
+local oldKey = redis.call('HGET', KEYS[1], 'namespace') .. '/' .. redis.call('HGET', KEYS[1], 'name')
+local newKey = ARGV[6] .. '/' .. ARGV[7]
+if oldKey ~= newKey and redis.call('HGET', KEYS[3], oldKey) == ARGV[1] then
+  redis.call('HDEL', KEYS[3], oldKey)
+end
+
+redis.call('HSET', KEYS[1],
+  'snapshot', ARGV[3], 'version', ARGV[4], 'gen', nextGen, 'state', ARGV[5],
+  'updatedAt', now, 'namespace', ARGV[6], 'name', ARGV[7])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('HSET', KEYS[3], newKey, ARGV[1])
+if #ARGV > 8 then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', unpack(ARGV, 9))
+end
+return {1, nextGen}

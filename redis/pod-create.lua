@@ -1,0 +1,36 @@
+-- pod-create: store a pod's first snapshot, only if the pod has no record yet.
+--
+-- KEYS[1] pod hash           <prefix>pod:<uid>     {snapshot, version, gen, state, updatedAt, namespace, name}
+-- KEYS[2] pod index          <prefix>pods          sorted set: uid scored by updatedAt (ms)
+-- KEYS[3] name index         <prefix>pods:by-name  hash: "<namespace>/<name>" -> uid
+-- KEYS[4] history            <prefix>hist:<uid>    stream, capped
+-- ARGV[1] uid
+-- ARGV[2] snapshot (JSON)
+-- ARGV[3] machine version
+-- ARGV[4] state name
+-- ARGV[5] namespace
+-- ARGV[6] name
+-- ARGV[7] history cap (XADD MAXLEN ~)
+-- ARGV[8..] history entry as field, value, field, value … (none: no entry)
+--
+-- Returns 1 when created (gen is 1), 0 when the pod already had a record (nothing written).
+
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+redis.call('HSET', KEYS[1],
+  'snapshot', ARGV[2], 'version', ARGV[3], 'gen', 1, 'state', ARGV[4],
+  'updatedAt', now, 'namespace', ARGV[5], 'name', ARGV[6])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[5] .. '/' .. ARGV[6], ARGV[1])
+
+-- A history left behind by an earlier record of this uid (it only had a TTL) continues, kept again.
+redis.call('PERSIST', KEYS[4])
+if #ARGV > 7 then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', unpack(ARGV, 8))
+end
+return 1

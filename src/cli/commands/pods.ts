@@ -1,0 +1,182 @@
+import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { Command } from 'commander';
+import type { PodEvent } from '../../machines/pod-machine.js';
+import { parseReverseRequest } from '../../spec/reverse-request.js';
+import type { FleetDeps } from '../../workers/fleet-deps.js';
+import { sendEvent } from '../../workers/queues.js';
+import { CliError, EXIT } from '../exit-codes.js';
+import { type FleetOption, fleetOptions, resolvePod, withFleet } from '../fleet-connection.js';
+import { fromFile, loadPod } from '../inputs.js';
+import { type PodDetail, type PodStatus, podDetail, podStatuses } from '../pod-status.js';
+import { formatAge, formatDetail, formatTable } from '../status-format.js';
+
+interface JsonOption {
+  json?: boolean;
+}
+interface WaitOption {
+  wait?: boolean;
+  timeout?: string;
+}
+
+const SETTLED = new Set(['active', 'failed', 'done']);
+
+function timeoutMs(opts: WaitOption, fallbackS: number): number {
+  const seconds = opts.timeout === undefined ? fallbackS : Number(opts.timeout);
+  if (!Number.isFinite(seconds) || seconds <= 0)
+    throw new CliError('--timeout: expected a number of seconds', EXIT.usage);
+  return seconds * 1000;
+}
+
+/** Prints the pod's transitions as they happen until `done(state)` or the timeout. */
+async function follow(
+  deps: FleetDeps,
+  uid: string,
+  until: (state: string | null) => boolean,
+  ms: number,
+): Promise<string | null> {
+  const deadline = Date.now() + ms;
+  let shown = 0;
+  let state: string | null = null;
+  for (;;) {
+    const history = await deps.store.history(uid);
+    for (const h of history.slice(shown)) {
+      const detail = h.detail ? `  (${h.detail})` : '';
+      process.stdout.write(
+        `${new Date(h.at).toISOString()}  ${h.event.padEnd(16)} ${h.from || '·'} → ${h.to}${detail}\n`,
+      );
+    }
+    shown = Math.max(shown, history.length);
+    const stored = await deps.store.load(uid);
+    state = stored?.state ?? null;
+    if (until(state)) return state;
+    if (Date.now() > deadline)
+      throw new CliError(`timed out after ${ms / 1000} s; the pod is ${state ?? 'gone'}`, EXIT.failure);
+    await sleep(200);
+  }
+}
+
+async function send(opts: FleetOption, pod: string, event: (deps: FleetDeps) => PodEvent, verb: string): Promise<void> {
+  await withFleet(opts, async (deps) => {
+    const uid = await resolvePod(deps, pod);
+    await sendEvent(deps.queues, uid, event(deps));
+    process.stdout.write(`${verb} ${pod} (${uid})\n`);
+  });
+}
+
+export function registerPodCommands(program: Command): void {
+  fleetOptions(
+    program
+      .command('submit')
+      .description('feed a pod to the fleet without a cluster (as the pod watcher would)')
+      .argument('<pod.yaml>', 'pod manifest; a UID is made up when it has none')
+      .option('--wait', 'follow the pod until its forwards are up (or it fails)')
+      .option('--timeout <seconds>', 'with --wait: give up after this long (default 600)'),
+  ).action(async (podFile: string, opts: FleetOption & WaitOption) => {
+    const pod = await loadPod(podFile);
+    await withFleet(opts, async (deps) => {
+      // Refuse bad input here, with the field named, before anything is stored.
+      const request = fromFile(podFile, () =>
+        parseReverseRequest(pod.annotations, {
+          reverse: deps.config.Network.SSH.Reverse,
+          podNamespace: pod.namespace,
+          clusterDomain: deps.config.Backhaul.ClusterDomain,
+        }),
+      );
+      if (!request) throw new CliError(`${podFile}: the pod has no interlink.eu/reverse-* annotations`, EXIT.usage);
+      const uid = pod.uid ?? randomUUID();
+      await sendEvent(deps.queues, uid, {
+        type: 'POD_UPSERT',
+        namespace: pod.namespace,
+        name: pod.name,
+        annotations: pod.annotations,
+        at: deps.now(),
+      });
+      process.stdout.write(`submitted ${pod.namespace}/${pod.name} ${uid}\n`);
+      if (!opts.wait) return;
+      const state = await follow(deps, uid, (s) => s !== null && SETTLED.has(s), timeoutMs(opts, 600));
+      if (state !== 'active') throw new CliError(`the pod ended ${state}`, EXIT.failure);
+    });
+  });
+
+  fleetOptions(
+    program
+      .command('delete')
+      .description('the pod is gone: tear down its tunnel and forget it (as the pod watcher would)')
+      .argument('<pod>', 'namespace/name or UID')
+      .option('--wait', 'follow the teardown until the pod is forgotten')
+      .option('--timeout <seconds>', 'with --wait: give up after this long (default 120)'),
+  ).action(async (pod: string, opts: FleetOption & WaitOption) => {
+    await withFleet(opts, async (deps) => {
+      const uid = await resolvePod(deps, pod);
+      await sendEvent(deps.queues, uid, { type: 'POD_DELETED', at: deps.now() });
+      process.stdout.write(`deleting ${pod} (${uid})\n`);
+      if (opts.wait) await follow(deps, uid, (s) => s === null, timeoutMs(opts, 120));
+    });
+  });
+
+  fleetOptions(
+    program.command('retry').description('start a failed pod over').argument('<pod>', 'namespace/name or UID'),
+  ).action(async (pod: string, opts: FleetOption) => {
+    await send(opts, pod, (deps) => ({ type: 'RETRY', at: deps.now() }), 'retrying');
+  });
+
+  fleetOptions(
+    program
+      .command('teardown')
+      .description("tear down a pod's tunnel now (the pod itself stays)")
+      .argument('<pod>', 'namespace/name or UID')
+      .option('--reason <text>', 'recorded in the history', 'operator'),
+  ).action(async (pod: string, opts: FleetOption & { reason: string }) => {
+    await send(opts, pod, (deps) => ({ type: 'TEARDOWN', reason: opts.reason, at: deps.now() }), 'tearing down');
+  });
+
+  fleetOptions(
+    program
+      .command('status')
+      .description('every pod (a table), or one pod in detail: its timeline, lease and jobs')
+      .argument('[pod]', 'namespace/name or UID')
+      .option('--json', 'print JSON'),
+  ).action(async (pod: string | undefined, opts: FleetOption & JsonOption) => {
+    await withFleet(opts, async (deps) => {
+      if (pod === undefined) {
+        const all = await podStatuses(deps);
+        process.stdout.write(opts.json ? `${JSON.stringify(all, null, 2)}\n` : statusTable(all));
+        return;
+      }
+      const detail: PodDetail | null = await podDetail(deps, await resolvePod(deps, pod));
+      if (!detail) throw new CliError(`no pod ${pod} is known to backhaul`, EXIT.failure);
+      process.stdout.write(opts.json ? `${JSON.stringify(detail, null, 2)}\n` : formatDetail(detail));
+    });
+  });
+
+  fleetOptions(
+    program.command('list').description('the pods backhaul knows, one per line').option('--json', 'print JSON'),
+  ).action(async (opts: FleetOption & JsonOption) => {
+    await withFleet(opts, async (deps) => {
+      const all = await podStatuses(deps, 1);
+      if (opts.json) {
+        const rows = all.map(({ uid, namespace, name, state }) => ({ uid, namespace, name, state }));
+        process.stdout.write(`${JSON.stringify(rows, null, 2)}\n`);
+      } else {
+        for (const p of all) process.stdout.write(`${p.namespace}/${p.name}\t${p.uid}\t${p.state}\n`);
+      }
+    });
+  });
+}
+
+function statusTable(all: PodStatus[]): string {
+  if (all.length === 0) return 'no pods\n';
+  const now = Date.now();
+  return formatTable(
+    ['POD', 'STATE', 'AGE', 'ATTEMPTS', 'HOST', 'LAST ERROR'],
+    all.map((p) => [
+      `${p.namespace}/${p.name}`,
+      p.snapshotError ? `${p.state} (unreadable)` : p.state,
+      p.since === null ? '-' : formatAge(now - p.since),
+      p.attempts === null ? '-' : String(p.attempts),
+      p.host ?? '-',
+      p.snapshotError ?? (p.lastError ? `${p.lastError.kind}: ${p.lastError.message}` : '-'),
+    ]),
+  );
+}

@@ -1,0 +1,46 @@
+import type { Redis } from 'ioredis';
+import { createLogger, silentLogger } from '../log.js';
+import { createRedis } from '../store/redis.js';
+import { type FleetDeps, fleetDeps } from '../workers/fleet-deps.js';
+import { CliError, EXIT } from './exit-codes.js';
+import { type ConfigOption, loadSiteConfig } from './inputs.js';
+
+export interface FleetOption extends ConfigOption {
+  redis?: string;
+}
+
+/** Connects a one-shot command to the fleet's Redis (`--redis`, else REDIS_URL, else the site config's). */
+export async function withFleet<T>(opts: FleetOption, use: (deps: FleetDeps) => Promise<T>): Promise<T> {
+  const config = await loadSiteConfig(opts);
+  const url = opts.redis ?? process.env.REDIS_URL ?? config.Backhaul.Redis.URL;
+  const redis: Redis = createRedis(url, { kind: 'command', connectionName: 'backhaul-cli' });
+  redis.on('error', () => undefined); // reported below, once, by the command that fails
+  const deps = fleetDeps(config, redis, process.env.BACKHAUL_LOG_LEVEL ? createLogger('backhaul') : silentLogger());
+  try {
+    await redis.ping().catch((err: Error) => {
+      throw new CliError(`cannot reach Redis at ${url}: ${err.message}`, EXIT.failure);
+    });
+    return await use(deps);
+  } finally {
+    await deps.queues.close().catch(() => undefined);
+    redis.disconnect();
+  }
+}
+
+/** POD is `namespace/name` or a UID (DESIGN §4.10). */
+export async function resolvePod(deps: FleetDeps, pod: string): Promise<string> {
+  if (pod.includes('/')) {
+    const [namespace = '', name = ''] = pod.split('/', 2);
+    const uid = await deps.store.uidByName(namespace, name);
+    if (!uid) throw new CliError(`no pod ${pod} is known to backhaul`, EXIT.failure);
+    return uid;
+  }
+  if (!(await deps.store.load(pod))) throw new CliError(`no pod with UID ${pod} is known to backhaul`, EXIT.failure);
+  return pod;
+}
+
+export function fleetOptions<T extends { option(flags: string, description: string): T }>(command: T): T {
+  return command
+    .option('-c, --config <file>', 'site configuration (default: $BACKHAUL_CONFIG)')
+    .option('--redis <url>', 'Redis (default: $REDIS_URL, else Backhaul.Redis.URL)');
+}

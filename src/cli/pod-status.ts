@@ -1,0 +1,118 @@
+import { restorePod, stateOf } from '../machines/pod-machine.js';
+import type { HistoryRecord, StoredPod } from '../store/snapshot-store.js';
+import type { FleetDeps } from '../workers/fleet-deps.js';
+import { jobIds } from '../workers/queues.js';
+
+/** One pod as `status --json` prints it (DESIGN §4.10). */
+export interface PodStatus {
+  uid: string;
+  namespace: string;
+  name: string;
+  state: string;
+  generation: number | null;
+  attempts: number | null;
+  host: string | null;
+  jobId: string | null;
+  batchHost: string | null;
+  lastError: { kind: string; message: string; at: number } | null;
+  /** When the pod entered its current state (ms), from the history. */
+  since: number | null;
+  /** Set when the stored snapshot cannot be read by this build (e.g. another machine version). */
+  snapshotError: string | null;
+  history: HistoryRecord[];
+}
+
+export interface PodDetail extends PodStatus {
+  lease: { holder: string; generation: number; expiresAt: number } | null;
+  steps: { id: string; name: string; state: string; attempts: number; failedReason?: string }[];
+}
+
+function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
+  const restored = restorePod(stored.snapshot);
+  const entered = [...history].reverse().find((h) => h.to === stored.state && h.from !== h.to) ?? history[0];
+  const base = {
+    uid: stored.uid,
+    namespace: stored.namespace,
+    name: stored.name,
+    since: entered?.at ?? null,
+    history,
+  };
+  if (!restored.ok) {
+    return {
+      ...base,
+      state: stored.state,
+      generation: null,
+      attempts: null,
+      host: null,
+      jobId: null,
+      batchHost: null,
+      lastError: null,
+      snapshotError: restored.error.message,
+    };
+  }
+  const c = restored.snapshot.context;
+  return {
+    ...base,
+    state: stateOf(restored.snapshot),
+    generation: c.generation,
+    attempts: c.attempts,
+    host: c.host,
+    jobId: c.jobId,
+    batchHost: c.batchHost,
+    lastError: c.lastError,
+    snapshotError: null,
+  };
+}
+
+export async function podStatuses(deps: FleetDeps, historyCount = 20): Promise<PodStatus[]> {
+  const uids = await deps.store.list();
+  const stored = await deps.store.loadMany(uids);
+  const out: PodStatus[] = [];
+  for (const record of stored) {
+    if (!record) continue;
+    out.push(statusOf(record, await deps.store.history(record.uid, historyCount)));
+  }
+  return out.sort((a, b) => `${a.namespace}/${a.name}`.localeCompare(`${b.namespace}/${b.name}`));
+}
+
+export async function podDetail(deps: FleetDeps, uid: string): Promise<PodDetail | null> {
+  const stored = await deps.store.load(uid);
+  if (!stored) return null;
+  const status = statusOf(stored, await deps.store.history(uid));
+  const lease = await deps.leases.get(uid);
+  const steps: PodDetail['steps'] = [];
+  const generation = status.generation ?? 0;
+  // validate and render run at generation 0 (and again at the current one after a RETRY).
+  const ids = new Set([
+    jobIds.step(uid, 'validate', 0),
+    jobIds.step(uid, 'render', 0),
+    jobIds.step(uid, 'validate', generation),
+    jobIds.step(uid, 'render', generation),
+    jobIds.step(uid, 'launch', generation),
+    jobIds.step(uid, 'teardown', generation),
+  ]);
+  for (const id of ids) {
+    const job = await deps.queues.steps.getJob(id);
+    if (!job) continue;
+    steps.push({
+      id,
+      name: job.name,
+      state: await job.getState(),
+      attempts: job.attemptsMade,
+      ...(job.failedReason ? { failedReason: job.failedReason } : {}),
+    });
+  }
+  const session = await deps.queues.sessions.getJob(jobIds.session(uid, generation));
+  if (session)
+    steps.push({
+      id: session.id ?? '',
+      name: 'shadow',
+      state: await session.getState(),
+      attempts: session.attemptsMade,
+    });
+  return {
+    ...status,
+    lease: lease ? { holder: lease.holder, generation: lease.generation, expiresAt: lease.expiresAt } : null,
+    steps,
+  };
+}

@@ -1,0 +1,49 @@
+import type { PodDetail } from './pod-status.js';
+
+export function formatAge(ms: number): string {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 120) return `${s}s`;
+  const m = Math.round(s / 60);
+  if (m < 120) return `${m}m`;
+  const h = Math.round(m / 60);
+  return h < 48 ? `${h}h` : `${Math.round(h / 24)}d`;
+}
+
+/** Columns padded to their widest cell; the last column is not padded (it may be long). */
+export function formatTable(header: string[], rows: string[][]): string {
+  const all = [header, ...rows];
+  const widths = header.map((_, i) => Math.max(...all.map((r) => (r[i] ?? '').length)));
+  return `${all.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i] ?? 0))).join('  ')).join('\n')}\n`;
+}
+
+export function formatDetail(p: PodDetail): string {
+  const now = Date.now();
+  const lines = [
+    `pod         ${p.namespace}/${p.name}`,
+    `uid         ${p.uid}`,
+    `state       ${p.state}${p.since === null ? '' : ` for ${formatAge(now - p.since)}`}`,
+  ];
+  if (p.snapshotError) lines.push(`snapshot    unreadable by this build: ${p.snapshotError}`);
+  lines.push(
+    `generation  ${p.generation ?? '-'} (attempts ${p.attempts ?? '-'})`,
+    `job         ${p.jobId ? `${p.jobId} on ${p.batchHost ?? '?'}` : '-'}`,
+    `host        ${p.host ?? '-'}`,
+    `lease       ${p.lease ? `${p.lease.holder}, generation ${p.lease.generation}, expires in ${formatAge(p.lease.expiresAt - now)}` : '-'}`,
+    `last error  ${p.lastError ? `${p.lastError.kind}: ${p.lastError.message}` : '-'}`,
+    '',
+    'jobs',
+    ...(p.steps.length === 0
+      ? ['  -']
+      : p.steps.map(
+          (s) =>
+            `  ${s.id}  ${s.state}${s.attempts ? ` (attempts ${s.attempts})` : ''}${s.failedReason ? `: ${s.failedReason}` : ''}`,
+        )),
+    '',
+    'timeline',
+    ...p.history.map(
+      (h) =>
+        `  ${new Date(h.at).toISOString()}  ${h.event.padEnd(16)} ${h.from || '·'} → ${h.to}${h.detail ? `  (${h.detail})` : ''}`,
+    ),
+  );
+  return `${lines.join('\n')}\n`;
+}

@@ -1,0 +1,471 @@
+/**
+ * One pod's reverse setup as a statechart (DESIGN §4.8). Used only through XState's pure API by the
+ * control worker: `startPod` / `applyEvent` return the next snapshot and the effects to run, and the
+ * worker stores the snapshot in Redis (compare-and-set) and runs the effects as jobs.
+ *
+ * No I/O, no clock, no timers: every event carries `at`, deadlines live in context and are delivered
+ * back as DEADLINE events (XState's `after` timers and delayed `raise` do not survive a restore).
+ *
+ *   validating ─STEP_DONE(validate)─► rendering ─STEP_DONE(render)─► launchingShadow ─SHADOW_UP─►
+ *   waitingBatchHost ─BATCH_HOST─► openingCarrier ─CARRIER_OPEN─► establishingForwards ─FORWARDS_READY─►
+ *   active ─SOCKETS_VANISHED | JOB_ENDED─► tearingDown ─STEP_DONE(teardown)─► done
+ *
+ *   from any shadow state: CARRIER_LOST | SESSION_FAILED | STEP_FAILED(launch) | DEADLINE
+ *     → launchingShadow (next generation, after backoff) while launches are left, else → failed;
+ *     a permanent error (and the node wait deadline) → failed at once. The old shadow is stopped.
+ *   a report of a later phase skips the missed ones; a late report of a passed phase only fills in data.
+ *   from every state but done: TEARDOWN | POD_DELETED → tearingDown.
+ *   failed ─RETRY─► validating (or ─► tearingDown when it was a teardown that failed).
+ *
+ * Reports, deadlines and step results of another generation are ignored: no transition, no effects.
+ */
+import { and, assign, initialTransition, setup, transition } from 'xstate';
+import {
+  backoffDelay,
+  deadlineTimeout,
+  errorOf,
+  hasBudget,
+  isCurrent,
+  isStep,
+  podChanged,
+  reportAddsInfo,
+  teardownReasonOf,
+} from './pod-rules.js';
+import {
+  describeIssue,
+  isPodStateName,
+  persistedEnvelopeSchema,
+  podContextSchema,
+  podInputSchema,
+  RestoreError,
+} from './pod-schema.js';
+import type {
+  CancelDeadlineParams,
+  DeadlineName,
+  PodAction,
+  PodContext,
+  PodEvent,
+  PodInput,
+  PodStateName,
+  RunStepParams,
+  ScheduleDeadlineParams,
+  StepName,
+  StopShadowParams,
+} from './pod-types.js';
+import { POD_ACTION_TYPES } from './pod-types.js';
+
+export { parsePodEvent, podEventSchema, RestoreError, type RestoreErrorKind } from './pod-schema.js';
+export * from './pod-types.js';
+
+/** Bump when states, context or events change shape: stored snapshots of another version are refused. */
+export const MACHINE_VERSION = 1;
+
+interface MachineInput {
+  input: PodInput;
+  at: number;
+}
+
+const stepGuard = (step: StepName) => ({ type: 'isCurrentStep', params: { step } }) as const;
+
+/** Entering a deadline state arms its deadline (kept in context) and asks for its delivery… */
+function armDeadline(name: DeadlineName) {
+  return [
+    { type: 'armDeadline', params: { name } },
+    { type: 'scheduleDeadline', params: ({ context }: Args) => ({ ...context.deadline! }) },
+  ] as const;
+}
+
+/** …and leaving it, by any transition, withdraws it. */
+const disarmDeadline = [
+  {
+    type: 'cancelDeadline',
+    params: ({ context }: Args) => ({ name: context.deadline!.name, generation: context.deadline!.generation }),
+  },
+  'disarmDeadline',
+] as const;
+
+const launchStep = ({ context }: Args): RunStepParams => ({
+  step: 'launch',
+  generation: context.generation,
+  delayMs: context.backoffMs,
+});
+
+/** A report of the current shadow moves the pod to that report's phase. */
+const advanceTo = (target: PodStateName) => ({ guard: 'isCurrent', target, actions: 'noteReport' }) as const;
+
+/** A late report of a phase already passed only fills in what it knows. */
+const fillIn = { guard: and(['isCurrent', 'reportAddsInfo']), actions: 'noteReport' } as const;
+
+/** The job ended or its sockets vanished: nothing left to hold up. */
+const endShadow = { guard: 'isCurrent', target: 'tearingDown', actions: 'noteTeardown' } as const;
+
+/**
+ * The current shadow ended badly: a permanent error → failed; launches left → the next generation
+ * (after backoff); none left → failed. Either way the old shadow is stopped, the node left as it is.
+ */
+function relaunchOrFail(when: typeof REPORT | typeof LAUNCH_STEP) {
+  const actions = [
+    'noteError',
+    {
+      type: 'stopShadow',
+      params: ({ context, event }: Args): StopShadowParams => ({
+        generation: context.generation,
+        reason: errorOf(context, event).kind,
+      }),
+    },
+  ] as const;
+  return [
+    { guard: when.permanent, target: 'failed', actions },
+    { guard: when.withBudget, target: 'launchingShadow', reenter: true, actions },
+    { guard: when.current, target: 'failed', actions },
+  ] as const;
+}
+
+/** …for a session report or deadline of the current generation… */
+const REPORT = {
+  current: 'isCurrent',
+  permanent: and(['isCurrent', 'isPermanent']),
+  withBudget: and(['isCurrent', 'hasBudget']),
+} as const;
+
+/** …or for the launch step of the current generation. */
+const LAUNCH_STEP = {
+  current: stepGuard('launch'),
+  permanent: and([stepGuard('launch'), 'isPermanent']),
+  withBudget: and([stepGuard('launch'), 'hasBudget']),
+} as const;
+
+interface Args {
+  context: PodContext;
+  event: PodEvent;
+}
+
+export const podMachine = setup({
+  types: {
+    context: {} as PodContext,
+    events: {} as PodEvent,
+    input: {} as MachineInput,
+  },
+  actions: {
+    // Effects: described here, run by the control worker from transition()'s action list.
+    runStep: (_, _params: RunStepParams) => {},
+    scheduleDeadline: (_, _params: ScheduleDeadlineParams) => {},
+    cancelDeadline: (_, _params: CancelDeadlineParams) => {},
+    stopShadow: (_, _params: StopShadowParams) => {},
+
+    // Context updates.
+    notePod: assign(({ event }) =>
+      event.type === 'POD_UPSERT'
+        ? { namespace: event.namespace, name: event.name, annotations: event.annotations }
+        : {},
+    ),
+    noteTeardown: assign(({ context, event }) => ({
+      podDeleted: context.podDeleted || event.type === 'POD_DELETED',
+      teardownReason: teardownReasonOf(event) ?? context.teardownReason,
+    })),
+    notePodDeleted: assign({ podDeleted: true }),
+    noteError: assign(({ context, event }) => {
+      const { kind, message } = errorOf(context, event);
+      return { lastError: { kind, message, at: event.at } };
+    }),
+    noteReport: assign(({ event }) => {
+      switch (event.type) {
+        case 'SHADOW_UP':
+          return { host: event.host };
+        case 'BATCH_HOST':
+          return { batchHost: event.batchHost, jobId: event.jobId };
+        case 'FORWARDS_READY':
+          return { forwardsReadyAt: event.at, attempts: 0 };
+        default:
+          return {};
+      }
+    }),
+    beginLaunch: assign(({ context }) => ({
+      generation: context.generation + 1,
+      attempts: context.attempts + 1,
+      backoffMs: backoffDelay(context.attempts, context.backoffBaseMs, context.backoffMaxMs),
+      host: null,
+    })),
+    armDeadline: assign(({ context, event }, params: { name: DeadlineName }) => ({
+      deadline: {
+        name: params.name,
+        at: event.at + deadlineTimeout(context, params.name),
+        generation: context.generation,
+      },
+    })),
+    disarmDeadline: assign({ deadline: null }),
+    resetForRetry: assign({ attempts: 0, teardownReason: null }),
+  },
+  guards: {
+    isCurrent: ({ context, event }) => isCurrent(context, event),
+    isCurrentStep: ({ context, event }, params: { step: StepName }) =>
+      isStep(event, params.step) && isCurrent(context, event),
+    isPermanent: ({ context, event }) => errorOf(context, event).permanent,
+    hasBudget: ({ context }) => hasBudget(context),
+    podChanged: ({ context, event }) => event.type === 'POD_UPSERT' && podChanged(context, event),
+    reportAddsInfo: ({ context, event }) => reportAddsInfo(context, event),
+    teardownPending: ({ context }) => context.podDeleted || context.teardownReason !== null,
+  },
+}).createMachine({
+  id: 'pod',
+  context: ({ input: { input, at } }) => ({
+    uid: input.uid,
+    namespace: input.namespace,
+    name: input.name,
+    annotations: input.annotations ?? {},
+    retryLimit: input.retryLimit,
+    backoffBaseMs: input.backoffBaseMs,
+    backoffMaxMs: input.backoffMaxMs,
+    nodeWaitTimeoutMs: input.nodeWaitTimeoutMs,
+    phaseTimeoutMs: input.phaseTimeoutMs,
+    createdAt: at,
+    generation: 0,
+    attempts: 0,
+    backoffMs: 0,
+    deadline: null,
+    host: null,
+    jobId: null,
+    batchHost: null,
+    lastError: null,
+    forwardsReadyAt: null,
+    podDeleted: false,
+    teardownReason: null,
+  }),
+  initial: 'validating',
+  on: {
+    TEARDOWN: { target: '.tearingDown', actions: 'noteTeardown' },
+    POD_DELETED: { target: '.tearingDown', actions: 'noteTeardown' },
+    POD_UPSERT: { guard: 'podChanged', actions: 'notePod' },
+  },
+  states: {
+    validating: {
+      entry: { type: 'runStep', params: ({ context }) => ({ step: 'validate', generation: context.generation }) },
+      on: {
+        STEP_DONE: { guard: stepGuard('validate'), target: 'rendering' },
+        STEP_FAILED: { guard: stepGuard('validate'), target: 'failed', actions: 'noteError' },
+      },
+    },
+
+    rendering: {
+      entry: { type: 'runStep', params: ({ context }) => ({ step: 'render', generation: context.generation }) },
+      on: {
+        STEP_DONE: { guard: stepGuard('render'), target: 'launchingShadow' },
+        STEP_FAILED: { guard: stepGuard('render'), target: 'failed', actions: 'noteError' },
+      },
+    },
+
+    launchingShadow: {
+      entry: ['beginLaunch', { type: 'runStep', params: launchStep }, ...armDeadline('launchingShadow')],
+      exit: disarmDeadline,
+      on: {
+        SHADOW_UP: advanceTo('waitingBatchHost'),
+        // A report of a later phase means the earlier ones happened (reports may overtake each other).
+        BATCH_HOST: advanceTo('openingCarrier'),
+        CARRIER_OPEN: advanceTo('establishingForwards'),
+        FORWARDS_READY: advanceTo('active'),
+        SOCKETS_VANISHED: endShadow,
+        JOB_ENDED: endShadow,
+        CARRIER_LOST: relaunchOrFail(REPORT),
+        SESSION_FAILED: relaunchOrFail(REPORT),
+        STEP_FAILED: relaunchOrFail(LAUNCH_STEP),
+        DEADLINE: relaunchOrFail(REPORT),
+      },
+    },
+
+    waitingBatchHost: {
+      entry: armDeadline('waitingBatchHost'),
+      exit: disarmDeadline,
+      on: {
+        SHADOW_UP: fillIn,
+        BATCH_HOST: advanceTo('openingCarrier'),
+        CARRIER_OPEN: advanceTo('establishingForwards'),
+        FORWARDS_READY: advanceTo('active'),
+        SOCKETS_VANISHED: endShadow,
+        JOB_ENDED: endShadow,
+        CARRIER_LOST: relaunchOrFail(REPORT),
+        SESSION_FAILED: relaunchOrFail(REPORT),
+        // The node wait deadline is a permanent error (errorOf): waiting again would only wait as long again.
+        DEADLINE: relaunchOrFail(REPORT),
+      },
+    },
+
+    openingCarrier: {
+      entry: armDeadline('openingCarrier'),
+      exit: disarmDeadline,
+      on: {
+        SHADOW_UP: fillIn,
+        BATCH_HOST: fillIn,
+        CARRIER_OPEN: advanceTo('establishingForwards'),
+        FORWARDS_READY: advanceTo('active'),
+        SOCKETS_VANISHED: endShadow,
+        JOB_ENDED: endShadow,
+        CARRIER_LOST: relaunchOrFail(REPORT),
+        SESSION_FAILED: relaunchOrFail(REPORT),
+        DEADLINE: relaunchOrFail(REPORT),
+      },
+    },
+
+    establishingForwards: {
+      entry: armDeadline('establishingForwards'),
+      exit: disarmDeadline,
+      on: {
+        SHADOW_UP: fillIn,
+        BATCH_HOST: fillIn,
+        FORWARDS_READY: advanceTo('active'),
+        SOCKETS_VANISHED: endShadow,
+        JOB_ENDED: endShadow,
+        CARRIER_LOST: relaunchOrFail(REPORT),
+        SESSION_FAILED: relaunchOrFail(REPORT),
+        DEADLINE: relaunchOrFail(REPORT),
+      },
+    },
+
+    active: {
+      on: {
+        SHADOW_UP: fillIn,
+        BATCH_HOST: fillIn,
+        SOCKETS_VANISHED: endShadow,
+        JOB_ENDED: endShadow,
+        CARRIER_LOST: relaunchOrFail(REPORT),
+        SESSION_FAILED: relaunchOrFail(REPORT),
+      },
+    },
+
+    tearingDown: {
+      entry: { type: 'runStep', params: ({ context }) => ({ step: 'teardown', generation: context.generation }) },
+      on: {
+        STEP_DONE: { guard: stepGuard('teardown'), target: 'done' },
+        STEP_FAILED: { guard: stepGuard('teardown'), target: 'failed', actions: 'noteError' },
+        // Already under way: a second request changes nothing (a deletion is still noted).
+        TEARDOWN: {},
+        // (Unguarded on purpose: a guard that fails here would let the root's POD_DELETED re-enter this state.)
+        POD_DELETED: { actions: 'notePodDeleted' },
+      },
+    },
+
+    failed: {
+      on: {
+        // A teardown that failed is retried as a teardown; anything else starts over.
+        RETRY: [
+          { guard: 'teardownPending', target: 'tearingDown' },
+          { target: 'validating', actions: 'resetForRetry' },
+        ],
+      },
+    },
+
+    done: { type: 'final' },
+  },
+});
+
+// ---- the pure API used by the control worker ----
+
+export type PodSnapshot = ReturnType<typeof podMachine.resolveState>;
+
+/** What is stored in Redis: plain JSON. */
+export interface PersistedPod {
+  version: typeof MACHINE_VERSION;
+  state: PodStateName;
+  context: PodContext;
+}
+
+export interface PodStep {
+  snapshot: PodSnapshot;
+  actions: PodAction[];
+}
+
+export interface PodTransition extends PodStep {
+  /** False when the event was ignored: nothing to store, no actions. */
+  changed: boolean;
+  from: PodStateName;
+  to: PodStateName;
+}
+
+export type RestoreResult = { ok: true; snapshot: PodSnapshot } | { ok: false; error: RestoreError };
+
+export function stateOf(snapshot: PodSnapshot): PodStateName {
+  return snapshot.value as PodStateName;
+}
+
+/** The first snapshot of a pod and the effects of entering `validating`. Throws on bad input (a caller's bug). */
+export function startPod(input: PodInput, at: number): PodStep {
+  const checked = podInputSchema.parse(input);
+  const [snapshot, executable] = initialTransition(podMachine, { input: checked, at });
+  return { snapshot, actions: toPodActions(executable) };
+}
+
+export function applyEvent(snapshot: PodSnapshot, event: PodEvent): PodTransition {
+  const from = stateOf(snapshot);
+  // XState's pure transition() still takes root-level transitions out of a final state: stop here.
+  if (snapshot.status !== 'active') return { snapshot, actions: [], changed: false, from, to: from };
+  const [next, executable] = transition(podMachine, snapshot, event);
+  const to = stateOf(next);
+  const changed =
+    next !== snapshot && (to !== from || JSON.stringify(next.context) !== JSON.stringify(snapshot.context));
+  if (!changed) return { snapshot, actions: [], changed: false, from, to: from };
+  return { snapshot: next, actions: toPodActions(executable), changed, from, to };
+}
+
+export function persistPod(snapshot: PodSnapshot): PersistedPod {
+  return { version: MACHINE_VERSION, state: stateOf(snapshot), context: structuredClone(snapshot.context) };
+}
+
+/**
+ * A snapshot back from storage. Never throws: a snapshot of another machine version, an unknown state
+ * or a malformed context comes back as a RestoreError that `status` can show.
+ */
+export function restorePod(persisted: unknown): RestoreResult {
+  const envelope = persistedEnvelopeSchema.safeParse(persisted);
+  if (!envelope.success) {
+    return {
+      ok: false,
+      error: new RestoreError('invalid-snapshot', `not a stored pod: ${describeIssue(envelope.error.issues[0])}`),
+    };
+  }
+  const { version, state } = envelope.data;
+  if (version !== MACHINE_VERSION) {
+    return {
+      ok: false,
+      error: new RestoreError(
+        'unknown-version',
+        `stored with machine version ${JSON.stringify(version)}; this build runs version ${MACHINE_VERSION}`,
+        { version, state },
+      ),
+    };
+  }
+  if (!isPodStateName(state)) {
+    return {
+      ok: false,
+      error: new RestoreError('unknown-state', `stored in state ${JSON.stringify(state)}, which this machine lacks`, {
+        version,
+        state,
+      }),
+    };
+  }
+  const context = podContextSchema.safeParse(envelope.data.context);
+  if (!context.success) {
+    return {
+      ok: false,
+      error: new RestoreError('invalid-context', `stored context: ${describeIssue(context.error.issues[0])}`, {
+        version,
+        state,
+      }),
+    };
+  }
+  try {
+    return { ok: true, snapshot: podMachine.resolveState({ value: state, context: context.data }) };
+  } catch (err) {
+    return {
+      ok: false,
+      error: new RestoreError('invalid-snapshot', `cannot restore: ${(err as Error).message}`, { version, state }),
+    };
+  }
+}
+
+const ACTION_TYPES: ReadonlySet<string> = new Set(POD_ACTION_TYPES);
+
+/** Keeps the named effects, as plain JSON objects; XState's own entries (assign …) are not effects. */
+function toPodActions(executable: readonly { type: string; params?: unknown }[]): PodAction[] {
+  return executable
+    .filter((action) => ACTION_TYPES.has(action.type))
+    .map((action) => ({ type: action.type, params: structuredClone(action.params) }) as PodAction);
+}

@@ -1,0 +1,126 @@
+/**
+ * Runtime checks for what crosses a boundary into the pod machine: its input, stored snapshots and
+ * events arriving as JSON in queue jobs. The types in pod-types.ts are the contract; these schemas are
+ * checked against them at compile time.
+ */
+import { z } from 'zod';
+import {
+  DEADLINE_NAMES,
+  POD_STATES,
+  type PodContext,
+  type PodEvent,
+  type PodInput,
+  type PodStateName,
+  STEPS,
+} from './pod-types.js';
+
+const ms = z.number().int().nonnegative();
+const positiveMs = z.number().int().positive();
+const text = z.string().min(1);
+const annotations = z.record(z.string(), z.string());
+
+const limits = {
+  retryLimit: z.number().int().positive(),
+  backoffBaseMs: ms,
+  backoffMaxMs: ms,
+  nodeWaitTimeoutMs: positiveMs,
+  phaseTimeoutMs: positiveMs,
+};
+
+export const podInputSchema = z
+  .object({ uid: text, namespace: text, name: text, annotations: annotations.optional(), ...limits })
+  .refine((input) => input.backoffMaxMs >= input.backoffBaseMs, {
+    message: 'backoffMaxMs must be at least backoffBaseMs',
+    path: ['backoffMaxMs'],
+  }) satisfies z.ZodType<PodInput>;
+
+const podError = z.object({ kind: z.string(), message: z.string(), permanent: z.boolean() });
+
+export const podContextSchema = z.object({
+  uid: text,
+  namespace: text,
+  name: text,
+  annotations,
+  ...limits,
+  createdAt: ms,
+  generation: ms,
+  attempts: ms,
+  backoffMs: ms,
+  deadline: z.object({ name: z.enum(DEADLINE_NAMES), at: ms, generation: ms }).nullable(),
+  host: z.string().nullable(),
+  jobId: z.string().nullable(),
+  batchHost: z.string().nullable(),
+  lastError: z.object({ kind: z.string(), message: z.string(), at: ms }).nullable(),
+  forwardsReadyAt: ms.nullable(),
+  podDeleted: z.boolean(),
+  teardownReason: z.string().nullable(),
+}) satisfies z.ZodType<PodContext>;
+
+const at = { at: ms };
+const gen = { generation: ms };
+const step = z.enum(STEPS);
+
+export const podEventSchema = z.discriminatedUnion('type', [
+  z.object({ type: z.literal('POD_UPSERT'), ...at, namespace: text, name: text, annotations }),
+  z.object({ type: z.literal('POD_DELETED'), ...at }),
+  z.object({ type: z.literal('RETRY'), ...at }),
+  z.object({ type: z.literal('TEARDOWN'), ...at, reason: z.string() }),
+  z.object({ type: z.literal('STEP_DONE'), ...at, step, generation: ms.optional() }),
+  z.object({ type: z.literal('STEP_FAILED'), ...at, step, generation: ms.optional(), error: podError.optional() }),
+  z.object({ type: z.literal('DEADLINE'), ...at, name: z.enum(DEADLINE_NAMES), ...gen }),
+  z.object({ type: z.literal('SHADOW_UP'), ...at, ...gen, host: text }),
+  z.object({ type: z.literal('BATCH_HOST'), ...at, ...gen, batchHost: text, jobId: text }),
+  z.object({ type: z.literal('CARRIER_OPEN'), ...at, ...gen }),
+  z.object({ type: z.literal('FORWARDS_READY'), ...at, ...gen }),
+  z.object({ type: z.literal('SOCKETS_VANISHED'), ...at, ...gen }),
+  z.object({ type: z.literal('JOB_ENDED'), ...at, ...gen }),
+  z.object({ type: z.literal('CARRIER_LOST'), ...at, ...gen, reason: z.string() }),
+  z.object({ type: z.literal('SESSION_FAILED'), ...at, ...gen, error: podError }),
+]) satisfies z.ZodType<PodEvent>;
+
+/** An event from a queue job, checked; or the first problem found. */
+export function parsePodEvent(data: unknown): { ok: true; event: PodEvent } | { ok: false; message: string } {
+  const result = podEventSchema.safeParse(data);
+  if (result.success) return { ok: true, event: result.data };
+  return { ok: false, message: describeIssue(result.error.issues[0]) };
+}
+
+/** The stored envelope, read loosely first so a newer version is told apart from a broken snapshot. */
+export const persistedEnvelopeSchema = z.object({
+  version: z.union([z.number(), z.string()]),
+  state: z.string(),
+  context: z.unknown(),
+});
+
+export const POD_STATE_SET: ReadonlySet<string> = new Set(POD_STATES);
+
+export function isPodStateName(value: string): value is PodStateName {
+  return POD_STATE_SET.has(value);
+}
+
+export type RestoreErrorKind = 'invalid-snapshot' | 'unknown-version' | 'unknown-state' | 'invalid-context';
+
+/** Why a stored snapshot cannot be restored. Returned, never thrown: `status` shows it. */
+export class RestoreError extends Error {
+  override readonly name = 'RestoreError';
+  readonly kind: RestoreErrorKind;
+  readonly version: number | string | undefined;
+  readonly state: string | undefined;
+
+  constructor(kind: RestoreErrorKind, message: string, found: { version?: number | string; state?: string } = {}) {
+    super(message);
+    this.kind = kind;
+    this.version = found.version;
+    this.state = found.state;
+  }
+
+  toJSON(): { kind: RestoreErrorKind; message: string; version?: number | string; state?: string } {
+    return { kind: this.kind, message: this.message, version: this.version, state: this.state };
+  }
+}
+
+export function describeIssue(issue: z.core.$ZodIssue | undefined): string {
+  if (!issue) return 'invalid';
+  const path = issue.path.length > 0 ? issue.path.map(String).join('.') : '(root)';
+  return `${path}: ${issue.message}`;
+}

@@ -1,0 +1,245 @@
+/**
+ * The vocabulary of one pod's reverse setup (DESIGN §4.7, §4.8): state names, events, context and the
+ * effects the machine asks for. Plain data only — every value here survives JSON.stringify/parse, so a
+ * snapshot stored in Redis and events carried by BullMQ jobs come back exactly as they left.
+ */
+
+/** The machine's states, in the order a healthy pod goes through them, then `failed`. */
+export const POD_STATES = [
+  'validating',
+  'rendering',
+  'launchingShadow',
+  'waitingBatchHost',
+  'openingCarrier',
+  'establishingForwards',
+  'active',
+  'tearingDown',
+  'done',
+  'failed',
+] as const;
+export type PodStateName = (typeof POD_STATES)[number];
+
+/** The steps the control worker runs as step jobs. */
+export const STEPS = ['validate', 'render', 'launch', 'teardown'] as const;
+export type StepName = (typeof STEPS)[number];
+
+/** States that hold a deadline; a deadline is named after its state. */
+export const DEADLINE_NAMES = [
+  'launchingShadow',
+  'waitingBatchHost',
+  'openingCarrier',
+  'establishingForwards',
+] as const;
+export type DeadlineName = (typeof DEADLINE_NAMES)[number];
+
+/** An error as reported by a step or a session. `permanent`: retrying cannot help. */
+export interface PodError {
+  kind: string;
+  message: string;
+  permanent: boolean;
+}
+
+/** The last error the pod met, kept in context for `status`. */
+export interface PodLastError {
+  kind: string;
+  message: string;
+  at: number;
+}
+
+/** A deadline kept in context; the control worker delivers it as a delayed DEADLINE event. */
+export interface PodDeadline {
+  name: DeadlineName;
+  /** Epoch ms. */
+  at: number;
+  generation: number;
+}
+
+/** Limits for one pod, from the site configuration. */
+export interface PodLimits {
+  /** Shadow launches allowed in a row without reaching FORWARDS_READY (RETRY starts a new count). */
+  retryLimit: number;
+  backoffBaseMs: number;
+  backoffMaxMs: number;
+  /** How long the job may take to get a batch host (Network.SSH.NodeWaitTimeout). */
+  nodeWaitTimeoutMs: number;
+  /** Deadline of launchingShadow, openingCarrier and establishingForwards. */
+  phaseTimeoutMs: number;
+}
+
+export interface PodInput extends PodLimits {
+  uid: string;
+  namespace: string;
+  name: string;
+  annotations?: Record<string, string>;
+}
+
+export interface PodContext extends PodLimits {
+  uid: string;
+  namespace: string;
+  name: string;
+  annotations: Record<string, string>;
+  /** Epoch ms of startPod. */
+  createdAt: number;
+  /** Number of the current shadow: 0 before the first launch, +1 at each launch. */
+  generation: number;
+  /** Shadow launches since the last FORWARDS_READY or RETRY. */
+  attempts: number;
+  /** Backoff applied before the current generation's launch. */
+  backoffMs: number;
+  deadline: PodDeadline | null;
+  /** Session host holding the current shadow. */
+  host: string | null;
+  /** Slurm job id and batch host, as last reported (kept across generations: teardown cleans that node). */
+  jobId: string | null;
+  batchHost: string | null;
+  lastError: PodLastError | null;
+  forwardsReadyAt: number | null;
+  podDeleted: boolean;
+  /** Why the pod is being torn down (TEARDOWN's reason, 'pod-deleted', 'job-ended', 'sockets-vanished'). */
+  teardownReason: string | null;
+}
+
+// ---- events: every event carries `at` (epoch ms); the machine never reads the clock ----
+
+interface Timed {
+  at: number;
+}
+/** Session phase reports carry the generation of the shadow that sent them. */
+interface Report extends Timed {
+  generation: number;
+}
+
+export interface PodUpsertEvent extends Timed {
+  type: 'POD_UPSERT';
+  namespace: string;
+  name: string;
+  annotations: Record<string, string>;
+}
+export interface PodDeletedEvent extends Timed {
+  type: 'POD_DELETED';
+}
+export interface RetryEvent extends Timed {
+  type: 'RETRY';
+}
+export interface TeardownEvent extends Timed {
+  type: 'TEARDOWN';
+  reason: string;
+}
+export interface StepDoneEvent extends Timed {
+  type: 'STEP_DONE';
+  step: StepName;
+  generation?: number;
+}
+export interface StepFailedEvent extends Timed {
+  type: 'STEP_FAILED';
+  step: StepName;
+  generation?: number;
+  error?: PodError;
+}
+export interface DeadlineEvent extends Timed {
+  type: 'DEADLINE';
+  name: DeadlineName;
+  generation: number;
+}
+export interface ShadowUpEvent extends Report {
+  type: 'SHADOW_UP';
+  host: string;
+}
+export interface BatchHostEvent extends Report {
+  type: 'BATCH_HOST';
+  batchHost: string;
+  jobId: string;
+}
+export interface CarrierOpenEvent extends Report {
+  type: 'CARRIER_OPEN';
+}
+export interface ForwardsReadyEvent extends Report {
+  type: 'FORWARDS_READY';
+}
+export interface SocketsVanishedEvent extends Report {
+  type: 'SOCKETS_VANISHED';
+}
+export interface JobEndedEvent extends Report {
+  type: 'JOB_ENDED';
+}
+export interface CarrierLostEvent extends Report {
+  type: 'CARRIER_LOST';
+  reason: string;
+}
+export interface SessionFailedEvent extends Report {
+  type: 'SESSION_FAILED';
+  error: PodError;
+}
+
+export type SessionReport =
+  | ShadowUpEvent
+  | BatchHostEvent
+  | CarrierOpenEvent
+  | ForwardsReadyEvent
+  | SocketsVanishedEvent
+  | JobEndedEvent
+  | CarrierLostEvent
+  | SessionFailedEvent;
+
+export type PodEvent =
+  | PodUpsertEvent
+  | PodDeletedEvent
+  | RetryEvent
+  | TeardownEvent
+  | StepDoneEvent
+  | StepFailedEvent
+  | DeadlineEvent
+  | SessionReport;
+
+export type PodEventType = PodEvent['type'];
+
+export const SESSION_REPORT_TYPES = [
+  'SHADOW_UP',
+  'BATCH_HOST',
+  'CARRIER_OPEN',
+  'FORWARDS_READY',
+  'SOCKETS_VANISHED',
+  'JOB_ENDED',
+  'CARRIER_LOST',
+  'SESSION_FAILED',
+] as const satisfies readonly SessionReport['type'][];
+
+export const POD_EVENT_TYPES = [
+  'POD_UPSERT',
+  'POD_DELETED',
+  'RETRY',
+  'TEARDOWN',
+  'STEP_DONE',
+  'STEP_FAILED',
+  'DEADLINE',
+  ...SESSION_REPORT_TYPES,
+] as const satisfies readonly PodEventType[];
+
+// ---- effects: named actions whose params the control worker reads from transition()'s action list ----
+
+export interface RunStepParams {
+  step: StepName;
+  /** The pod's generation when the step was asked for; `launch` starts the shadow of this generation. */
+  generation: number;
+  /** `launch` only: backoff to wait before starting the shadow (0 for an immediate launch). */
+  delayMs?: number;
+}
+export type ScheduleDeadlineParams = PodDeadline;
+export interface CancelDeadlineParams {
+  name: DeadlineName;
+  generation: number;
+}
+/** Stop the shadow session of `generation` (lease, session job) without touching the node. */
+export interface StopShadowParams {
+  generation: number;
+  reason: string;
+}
+
+export const POD_ACTION_TYPES = ['runStep', 'scheduleDeadline', 'cancelDeadline', 'stopShadow'] as const;
+export type PodActionType = (typeof POD_ACTION_TYPES)[number];
+
+export type PodAction =
+  | { type: 'runStep'; params: RunStepParams }
+  | { type: 'scheduleDeadline'; params: ScheduleDeadlineParams }
+  | { type: 'cancelDeadline'; params: CancelDeadlineParams }
+  | { type: 'stopShadow'; params: StopShadowParams };

@@ -1,0 +1,42 @@
+/**
+ * Redis key names (DESIGN §4.9), all under one prefix so that several installations — or parallel
+ * test runs — can share a server. `bh:` unless configured.
+ */
+export const DEFAULT_KEY_PREFIX = 'bh:';
+
+export class RedisKeys {
+  constructor(readonly prefix: string = DEFAULT_KEY_PREFIX) {}
+
+  /** Hash: snapshot, version, gen, state, updatedAt, namespace, name. */
+  pod(uid: string): string {
+    return `${this.prefix}pod:${uid}`;
+  }
+  /** Sorted set: every known pod's uid, scored by its last update (ms). */
+  pods(): string {
+    return `${this.prefix}pods`;
+  }
+  /** Hash: "<namespace>/<name>" → uid. */
+  podsByName(): string {
+    return `${this.prefix}pods:by-name`;
+  }
+  /** Stream: the pod's transitions, capped. */
+  history(uid: string): string {
+    return `${this.prefix}hist:${uid}`;
+  }
+  /** Hash: holder, generation, token, expiresAt. */
+  lease(uid: string): string {
+    return `${this.prefix}lease:${uid}`;
+  }
+  /** Sorted set: uids with a lease, scored by its expiry (ms), for the reaper. */
+  leases(): string {
+    return `${this.prefix}leases`;
+  }
+  /** Counter: fencing tokens. */
+  leaseToken(): string {
+    return `${this.prefix}lease-token`;
+  }
+  /** Hash: session host id → JSON (capacity, load, heartbeat). */
+  hosts(): string {
+    return `${this.prefix}hosts`;
+  }
+}

@@ -1,0 +1,165 @@
+/**
+ * Fencing leases on a pod's shadow (DESIGN §4.7): `<prefix>lease:<uid>` names the session host that
+ * holds the shadow, its generation and a fencing token drawn from a counter at each grant. Only the
+ * current token renews or releases; a session whose renewal fails has lost the lease and closes at once.
+ * Times come from the Redis clock, so hosts with skewed clocks agree on expiry.
+ *
+ * The key outlives `expiresAt` by `retainMs`, so the reaper can still see whose lease expired (a dead
+ * session host) before the key disappears by itself.
+ */
+import type { Redis } from 'ioredis';
+import { RedisKeys } from './keys.js';
+import { redisTimeMs } from './redis.js';
+import { script } from './scripts.js';
+
+export interface Lease {
+  uid: string;
+  holder: string;
+  generation: number;
+  token: number;
+  /** Redis clock, ms. */
+  expiresAt: number;
+}
+
+export type AcquireResult =
+  | { ok: true; lease: Lease }
+  | { ok: false; reason: 'held' | 'older-generation'; current: Lease };
+
+export type RenewResult = { ok: true; expiresAt: number } | { ok: false; reason: 'lost' | 'expired' };
+
+export interface LeaseListing {
+  /** Redis clock when listed, ms. */
+  now: number;
+  leases: (Lease & { expired: boolean })[];
+}
+
+export interface LeaseStoreOptions {
+  keys?: RedisKeys;
+  /** How long an expired lease's key is kept for the reaper (ms). */
+  retainMs?: number;
+}
+
+export class LeaseStore {
+  readonly keys: RedisKeys;
+  readonly retainMs: number;
+
+  constructor(
+    private readonly redis: Redis,
+    opts: LeaseStoreOptions = {},
+  ) {
+    this.keys = opts.keys ?? new RedisKeys();
+    this.retainMs = opts.retainMs ?? 60_000;
+  }
+
+  /** Granted when free, expired or already ours; never to a generation older than the holder's. */
+  async acquire(uid: string, holder: string, generation: number, ttlMs: number): Promise<AcquireResult> {
+    const reply = (await script('lease-acquire').run(
+      this.redis,
+      [this.keys.lease(uid), this.keys.leases(), this.keys.leaseToken()],
+      [uid, holder, generation, Math.ceil(ttlMs), this.retainMs],
+    )) as [number, string, number, number, number, string?];
+    const [granted, leaseHolder, leaseGeneration, token, expiresAt, reason] = reply;
+    const lease = { uid, holder: leaseHolder, generation: leaseGeneration, token, expiresAt };
+    if (granted === 1) return { ok: true, lease };
+    return { ok: false, reason: reason === 'older-generation' ? 'older-generation' : 'held', current: lease };
+  }
+
+  async renew(uid: string, token: number, ttlMs: number): Promise<RenewResult> {
+    const reply = (await script('lease-renew').run(
+      this.redis,
+      [this.keys.lease(uid), this.keys.leases()],
+      [uid, token, Math.ceil(ttlMs), this.retainMs],
+    )) as [number, number | string];
+    const [renewed, detail] = reply;
+    if (renewed === 1) return { ok: true, expiresAt: Number(detail) };
+    return { ok: false, reason: detail === 'expired' ? 'expired' : 'lost' };
+  }
+
+  /** False when the lease is gone or was granted to someone else since. */
+  async release(uid: string, token: number): Promise<boolean> {
+    const reply = await script('lease-release').run(
+      this.redis,
+      [this.keys.lease(uid), this.keys.leases()],
+      [uid, token],
+    );
+    return reply === 1;
+  }
+
+  /** The control plane gives up on a shadow: delete its lease if it is of `generation` or older. */
+  async revoke(uid: string, generation: number): Promise<boolean> {
+    const reply = await script('lease-revoke').run(
+      this.redis,
+      [this.keys.lease(uid), this.keys.leases()],
+      [uid, generation],
+    );
+    return reply === 1;
+  }
+
+  async get(uid: string): Promise<Lease | null> {
+    return parseLease(uid, await this.redis.hgetall(this.keys.lease(uid)));
+  }
+
+  /** Every lease, with whether it has expired by the Redis clock. */
+  async list(): Promise<LeaseListing> {
+    return this.collect(await this.redis.zrange(this.keys.leases(), '0', '-1'));
+  }
+
+  /** Leases past their expiry (their holders stopped renewing), for the reaper. */
+  async listExpired(): Promise<LeaseListing> {
+    const now = await this.now();
+    const uids = await this.redis.zrangebyscore(this.keys.leases(), '-inf', String(now));
+    const listing = await this.collect(uids);
+    return { now: listing.now, leases: listing.leases.filter((lease) => lease.expired) };
+  }
+
+  /** Leases grouped by holder: which shadows each session host holds. */
+  async holders(): Promise<Map<string, Lease[]>> {
+    const byHolder = new Map<string, Lease[]>();
+    for (const lease of (await this.list()).leases) {
+      const held = byHolder.get(lease.holder) ?? [];
+      held.push(lease);
+      byHolder.set(lease.holder, held);
+    }
+    return byHolder;
+  }
+
+  private async collect(uids: readonly string[]): Promise<LeaseListing> {
+    const pipeline = this.redis.pipeline();
+    pipeline.time();
+    for (const uid of uids) pipeline.hgetall(this.keys.lease(uid));
+    const replies = (await pipeline.exec()) ?? [];
+    const [timeErr, time] = replies[0] ?? [null, ['0', '0']];
+    if (timeErr) throw timeErr;
+    const now = redisTimeMs(time as [string, string]);
+    const leases: LeaseListing['leases'] = [];
+    const vanished: string[] = [];
+    uids.forEach((uid, i) => {
+      const [err, hash] = replies[i + 1] ?? [null, {}];
+      if (err) throw err;
+      const lease = parseLease(uid, hash as Record<string, string>);
+      if (lease) leases.push({ ...lease, expired: lease.expiresAt <= now });
+      else vanished.push(uid);
+    });
+    // Index entries of keys that ran out of TTL: drop them (only if the key is still gone).
+    await Promise.all(
+      vanished.map((uid) => script('lease-prune').run(this.redis, [this.keys.lease(uid), this.keys.leases()], [uid])),
+    );
+    return { now, leases };
+  }
+
+  private async now(): Promise<number> {
+    const [seconds = 0, micros = 0] = await this.redis.time();
+    return redisTimeMs([seconds, micros]);
+  }
+}
+
+function parseLease(uid: string, hash: Record<string, string>): Lease | null {
+  if (hash.holder === undefined || hash.token === undefined) return null;
+  return {
+    uid,
+    holder: hash.holder,
+    generation: Number(hash.generation),
+    token: Number(hash.token),
+    expiresAt: Number(hash.expiresAt),
+  };
+}

@@ -1,0 +1,35 @@
+import { Redis, type RedisOptions } from 'ioredis';
+
+export const DEFAULT_REDIS_URL = 'redis://127.0.0.1:6379';
+
+export interface CreateRedisOptions {
+  /**
+   * `worker` (default): commands wait for Redis to come back instead of failing (BullMQ needs
+   * `maxRetriesPerRequest: null`). `command`: a CLI run fails fast when Redis cannot be reached.
+   */
+  kind?: 'worker' | 'command';
+  /** Shown by CLIENT LIST. */
+  connectionName?: string;
+  /** Anything else for ioredis. */
+  options?: RedisOptions;
+}
+
+/** A connection to Redis, from `--redis URL`, else REDIS_URL, else the local default (DESIGN §4.10). */
+export function createRedis(url?: string, opts: CreateRedisOptions = {}): Redis {
+  const target = url ?? process.env.REDIS_URL ?? DEFAULT_REDIS_URL;
+  const kind = opts.kind ?? 'worker';
+  const base: RedisOptions =
+    kind === 'worker'
+      ? { maxRetriesPerRequest: null, enableReadyCheck: true }
+      : { maxRetriesPerRequest: 1, connectTimeout: 5_000, retryStrategy: (times) => (times > 3 ? null : 200 * times) };
+  return new Redis(target, {
+    ...base,
+    ...(opts.connectionName === undefined ? {} : { connectionName: opts.connectionName }),
+    ...opts.options,
+  });
+}
+
+/** A TIME reply ([seconds, microseconds]) in epoch ms. */
+export function redisTimeMs([seconds, micros]: readonly [string | number, string | number]): number {
+  return Number(seconds) * 1000 + Math.floor(Number(micros) / 1000);
+}

@@ -1,0 +1,269 @@
+/**
+ * Pod snapshots in Redis with compare-and-set (DESIGN §4.9): `<prefix>pod:<uid>` holds the snapshot
+ * and a `gen` counter; a write names the gen it read and fails if another writer came first, so the
+ * control worker's load → transition → write loop never loses an update. Each write also updates the
+ * indexes and appends the transition to the pod's capped history stream, in the same script.
+ */
+import type { Redis } from 'ioredis';
+import { RedisKeys } from './keys.js';
+import { script } from './scripts.js';
+
+/** A pod's record as stored. */
+export interface StoredPod {
+  uid: string;
+  /** The snapshot, parsed from JSON (the raw text when it is not JSON: restore will say why). */
+  snapshot: unknown;
+  /** Machine version the snapshot was written by, as stored. */
+  version: string;
+  /** Compare-and-set counter: 1 at creation, +1 per write. */
+  gen: number;
+  state: string;
+  /** Redis clock, ms. */
+  updatedAt: number;
+  namespace: string;
+  name: string;
+}
+
+/** What a writer stores. */
+export interface PodWrite {
+  snapshot: unknown;
+  version: string | number;
+  state: string;
+  namespace: string;
+  name: string;
+  /** The transition, appended to the history in the same step. */
+  history?: HistoryEntry | null;
+}
+
+export interface HistoryEntry {
+  /** Time of the event (ms). */
+  at: number;
+  event: string;
+  from: string;
+  to: string;
+  generation?: number;
+  /** Free text, e.g. the error or the effects asked for. */
+  detail?: string;
+}
+
+export interface HistoryRecord extends HistoryEntry {
+  /** Stream id (Redis clock). */
+  id: string;
+}
+
+export type CasResult =
+  | { ok: true; gen: number }
+  | { ok: false; reason: 'conflict'; gen: number }
+  | { ok: false; reason: 'missing' };
+
+export type RemoveResult = 'removed' | 'absent' | 'conflict';
+
+/** What an applier decides from the current record: maybe a write, and a value for the caller. */
+export interface ApplyDecision<T> {
+  write?: PodWrite;
+  value: T;
+}
+
+export interface ApplyOutcome<T> {
+  value: T;
+  written: boolean;
+  /** The record's gen after the call (null: no record). */
+  gen: number | null;
+  /** Loads made; conflicts = attempts − 1 when it was finally written. */
+  attempts: number;
+  conflicts: number;
+}
+
+export interface SnapshotStoreOptions {
+  keys?: RedisKeys;
+  /** Approximate cap of each history stream (XADD MAXLEN ~). */
+  historyMaxLen?: number;
+  /** Give up after this many conflicting attempts in applyWithRetry. */
+  maxApplyAttempts?: number;
+}
+
+export class CasRetriesExhaustedError extends Error {
+  override readonly name = 'CasRetriesExhaustedError';
+  constructor(
+    readonly uid: string,
+    readonly attempts: number,
+  ) {
+    super(`pod ${uid}: still conflicting after ${attempts} compare-and-set attempts`);
+  }
+}
+
+export class SnapshotStore {
+  readonly keys: RedisKeys;
+  readonly historyMaxLen: number;
+  readonly maxApplyAttempts: number;
+
+  constructor(
+    private readonly redis: Redis,
+    opts: SnapshotStoreOptions = {},
+  ) {
+    this.keys = opts.keys ?? new RedisKeys();
+    this.historyMaxLen = opts.historyMaxLen ?? 1_000;
+    this.maxApplyAttempts = opts.maxApplyAttempts ?? 200;
+  }
+
+  async load(uid: string): Promise<StoredPod | null> {
+    return parseStored(uid, await this.redis.hgetall(this.keys.pod(uid)));
+  }
+
+  async loadMany(uids: readonly string[]): Promise<(StoredPod | null)[]> {
+    if (uids.length === 0) return [];
+    const pipeline = this.redis.pipeline();
+    for (const uid of uids) pipeline.hgetall(this.keys.pod(uid));
+    const replies = (await pipeline.exec()) ?? [];
+    return uids.map((uid, i) => {
+      const [err, hash] = replies[i] ?? [null, {}];
+      if (err) throw err;
+      return parseStored(uid, hash as Record<string, string>);
+    });
+  }
+
+  /** Stores a pod's first record; false (nothing written) when it already has one. */
+  async create(uid: string, write: PodWrite): Promise<boolean> {
+    const reply = await script('pod-create').run(this.redis, this.podKeys(uid), [
+      uid,
+      JSON.stringify(write.snapshot),
+      String(write.version),
+      write.state,
+      write.namespace,
+      write.name,
+      this.historyMaxLen,
+      ...historyFields(write.history),
+    ]);
+    return reply === 1;
+  }
+
+  /** Writes only if the stored gen is still `expectedGen`. */
+  async compareAndSet(uid: string, expectedGen: number, write: PodWrite): Promise<CasResult> {
+    const reply = (await script('pod-cas').run(this.redis, this.podKeys(uid), [
+      uid,
+      expectedGen,
+      JSON.stringify(write.snapshot),
+      String(write.version),
+      write.state,
+      write.namespace,
+      write.name,
+      this.historyMaxLen,
+      ...historyFields(write.history),
+    ])) as [number, number];
+    const [status, gen] = reply;
+    if (status === 1) return { ok: true, gen };
+    if (status === 0) return { ok: false, reason: 'conflict', gen };
+    return { ok: false, reason: 'missing' };
+  }
+
+  /**
+   * Load → decide → compare-and-set, again on each conflict. `decide` sees the current record (null
+   * when there is none: returning a write then creates it) and may run several times: keep it free of
+   * side effects; its value from the attempt that was written (or that wrote nothing) is returned.
+   */
+  async applyWithRetry<T>(
+    uid: string,
+    decide: (current: StoredPod | null) => ApplyDecision<T> | Promise<ApplyDecision<T>>,
+  ): Promise<ApplyOutcome<T>> {
+    for (let attempts = 1; attempts <= this.maxApplyAttempts; attempts += 1) {
+      const current = await this.load(uid);
+      const { write, value } = await decide(current);
+      if (!write) return { value, written: false, gen: current?.gen ?? null, attempts, conflicts: attempts - 1 };
+      if (current === null) {
+        if (await this.create(uid, write)) return { value, written: true, gen: 1, attempts, conflicts: attempts - 1 };
+      } else {
+        const result = await this.compareAndSet(uid, current.gen, write);
+        if (result.ok) return { value, written: true, gen: result.gen, attempts, conflicts: attempts - 1 };
+      }
+      // Someone else wrote first: back off a little once the pod is contended, then read again.
+      if (attempts > 2) await sleep(Math.random() * Math.min(20, attempts));
+    }
+    throw new CasRetriesExhaustedError(uid, this.maxApplyAttempts);
+  }
+
+  /**
+   * Forgets a pod: record, index entries and lease go; the history stays for `historyTtlSeconds`.
+   * With `expectedGen`, only if nobody wrote since it was read.
+   */
+  async remove(uid: string, historyTtlSeconds: number, expectedGen?: number): Promise<RemoveResult> {
+    const reply = await script('pod-remove').run(
+      this.redis,
+      [...this.podKeys(uid), this.keys.lease(uid), this.keys.leases()],
+      [uid, Math.max(1, Math.ceil(historyTtlSeconds)), expectedGen === undefined ? '' : expectedGen],
+    );
+    return reply === 1 ? 'removed' : reply === 0 ? 'absent' : 'conflict';
+  }
+
+  /** Every known pod's uid, least recently updated first. */
+  async list(): Promise<string[]> {
+    return this.redis.zrange(this.keys.pods(), '0', '-1');
+  }
+
+  async uidByName(namespace: string, name: string): Promise<string | null> {
+    return this.redis.hget(this.keys.podsByName(), `${namespace}/${name}`);
+  }
+
+  /** The pod's history, oldest first (the last `count` entries when given). */
+  async history(uid: string, count?: number): Promise<HistoryRecord[]> {
+    const key = this.keys.history(uid);
+    const entries =
+      count === undefined
+        ? await this.redis.xrange(key, '-', '+')
+        : (await this.redis.xrevrange(key, '+', '-', 'COUNT', String(count))).reverse();
+    return entries.map(([id, fields]) => parseHistory(id, fields));
+  }
+
+  private podKeys(uid: string): string[] {
+    return [this.keys.pod(uid), this.keys.pods(), this.keys.podsByName(), this.keys.history(uid)];
+  }
+}
+
+function parseStored(uid: string, hash: Record<string, string>): StoredPod | null {
+  if (hash.gen === undefined) return null;
+  const raw = hash.snapshot ?? '';
+  let snapshot: unknown;
+  try {
+    snapshot = JSON.parse(raw);
+  } catch {
+    snapshot = raw;
+  }
+  return {
+    uid,
+    snapshot,
+    version: hash.version ?? '',
+    gen: Number(hash.gen),
+    state: hash.state ?? '',
+    updatedAt: Number(hash.updatedAt ?? 0),
+    namespace: hash.namespace ?? '',
+    name: hash.name ?? '',
+  };
+}
+
+function historyFields(entry: HistoryEntry | null | undefined): string[] {
+  if (!entry) return [];
+  const fields: string[] = [];
+  for (const [field, value] of Object.entries(entry)) {
+    if (value !== undefined) fields.push(field, String(value));
+  }
+  return fields;
+}
+
+function parseHistory(id: string, fields: string[]): HistoryRecord {
+  const map = new Map<string, string>();
+  for (let i = 0; i + 1 < fields.length; i += 2) map.set(fields[i] ?? '', fields[i + 1] ?? '');
+  const generation = map.get('generation');
+  const detail = map.get('detail');
+  return {
+    id,
+    at: Number(map.get('at') ?? 0),
+    event: map.get('event') ?? '',
+    from: map.get('from') ?? '',
+    to: map.get('to') ?? '',
+    ...(generation === undefined ? {} : { generation: Number(generation) }),
+    ...(detail === undefined ? {} : { detail }),
+  };
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

@@ -1,0 +1,81 @@
+import { type Job, UnrecoverableError, Worker } from 'bullmq';
+import type { Redis } from 'ioredis';
+import { parsePodEvent } from '../machines/pod-machine.js';
+import { runEffects } from './effects.js';
+import type { FleetDeps } from './fleet-deps.js';
+import { applyPodEvent } from './pod-events.js';
+import { type EventJobData, QUEUE_NAMES, type StepJobData } from './queues.js';
+import { REAPER_JOB, reap } from './reaper.js';
+import { runStep } from './step-runner.js';
+
+/**
+ * The control role: applies events to pods' machines (load → transition → compare-and-set → effects)
+ * and runs the steps those machines ask for. Stopping finishes the job at hand (BullMQ's close waits).
+ */
+export class ControlWorker {
+  readonly events: Worker<EventJobData>;
+  readonly steps: Worker<StepJobData>;
+
+  constructor(
+    private readonly deps: FleetDeps,
+    connections: { events: Redis; steps: Redis },
+    concurrency = { events: 32, steps: 16 },
+  ) {
+    const prefix = deps.bullPrefix ? { prefix: deps.bullPrefix } : {};
+    this.events = new Worker<EventJobData>(QUEUE_NAMES.events, (job) => this.onEvent(job), {
+      connection: connections.events,
+      concurrency: concurrency.events,
+      ...prefix,
+    });
+    this.steps = new Worker<StepJobData>(QUEUE_NAMES.steps, (job) => this.onStep(job), {
+      connection: connections.steps,
+      concurrency: concurrency.steps,
+      ...prefix,
+    });
+    for (const worker of [this.events, this.steps]) {
+      worker.on('error', (err) => deps.log.error({ err }, 'control worker error'));
+    }
+  }
+
+  /** Registers the periodic reaper (one schedule for the whole fleet, whichever worker runs it). */
+  async schedule(everyMs = 5_000): Promise<void> {
+    await this.deps.queues.events.upsertJobScheduler(
+      REAPER_JOB,
+      { every: everyMs },
+      { name: REAPER_JOB, data: { uid: '', event: { type: 'RETRY', at: 0 } } },
+    );
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([this.events.close(), this.steps.close()]);
+  }
+
+  private async onEvent(job: Job<EventJobData>): Promise<string> {
+    if (job.name === REAPER_JOB) return `reaped ${await reap(this.deps)}`;
+    const { uid } = job.data;
+    const parsed = parsePodEvent(job.data.event);
+    if (!parsed.ok) throw new UnrecoverableError(`pod ${uid}: bad event: ${parsed.message}`);
+    const result = await applyPodEvent(this.deps, uid, parsed.event);
+    switch (result.kind) {
+      case 'ignored':
+        return `ignored ${parsed.event.type} in ${result.state ?? 'no machine'}`;
+      case 'unrestorable':
+        // A snapshot of another machine version: `status` shows it; retrying cannot help.
+        throw new UnrecoverableError(`pod ${uid}: ${result.message}`);
+      case 'applied':
+        await runEffects(this.deps, uid, result.actions);
+        if (result.to === 'done') await this.forget(uid);
+        return `${result.from ?? 'new'} → ${result.to}`;
+    }
+  }
+
+  private async onStep(job: Job<StepJobData>): Promise<string> {
+    const { uid, step, generation } = job.data;
+    return runStep(this.deps, uid, step, generation);
+  }
+
+  /** A finished pod leaves only its history, which expires. */
+  private async forget(uid: string): Promise<void> {
+    await this.deps.store.remove(uid, Math.ceil(this.deps.config.Backhaul.HistoryTTL / 1000));
+  }
+}

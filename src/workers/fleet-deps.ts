@@ -1,0 +1,59 @@
+import type { Redis } from 'ioredis';
+import type { Logger } from '../log.js';
+import type { PodLimits } from '../machines/pod-machine.js';
+import type { SiteConfig } from '../spec/site-config.js';
+import { HostRegistry } from '../store/host-registry.js';
+import { RedisKeys } from '../store/keys.js';
+import { LeaseStore } from '../store/lease-store.js';
+import { SnapshotStore } from '../store/snapshot-store.js';
+import { type FleetQueues, openQueues } from './queues.js';
+
+/** What every role of the fleet shares: the site, Redis, the stores and the queues. */
+export interface FleetDeps {
+  config: SiteConfig;
+  /** Connection for commands and BullMQ queues (workers open their own blocking connections). */
+  redis: Redis;
+  keys: RedisKeys;
+  store: SnapshotStore;
+  leases: LeaseStore;
+  hosts: HostRegistry;
+  queues: FleetQueues;
+  /** BullMQ key prefix; tests give each run its own. */
+  bullPrefix: string | undefined;
+  log: Logger;
+  now: () => number;
+}
+
+export interface FleetDepsOptions {
+  keyPrefix?: string;
+  bullPrefix?: string;
+  now?: () => number;
+}
+
+export function fleetDeps(config: SiteConfig, redis: Redis, log: Logger, opts: FleetDepsOptions = {}): FleetDeps {
+  const keys = new RedisKeys(opts.keyPrefix);
+  return {
+    config,
+    redis,
+    keys,
+    store: new SnapshotStore(redis, { keys }),
+    leases: new LeaseStore(redis, { keys }),
+    hosts: new HostRegistry(redis, { keys }),
+    queues: openQueues(redis, opts.bullPrefix),
+    bullPrefix: opts.bullPrefix,
+    log,
+    now: opts.now ?? Date.now,
+  };
+}
+
+/** The machine's limits from the site configuration. */
+export function podLimits(config: SiteConfig): PodLimits {
+  const b = config.Backhaul;
+  return {
+    retryLimit: b.RetryLimit,
+    backoffBaseMs: b.RetryBackoff,
+    backoffMaxMs: b.RetryBackoffMax,
+    nodeWaitTimeoutMs: config.Network.SSH.NodeWaitTimeout,
+    phaseTimeoutMs: b.PhaseTimeout,
+  };
+}

@@ -1,0 +1,68 @@
+import { hostname } from 'node:os';
+import type { Redis } from 'ioredis';
+import type { Logger } from '../log.js';
+import type { SiteConfig } from '../spec/site-config.js';
+import { preloadScripts } from '../store/scripts.js';
+import { ControlWorker } from './control-worker.js';
+import { type FleetDeps, type FleetDepsOptions, fleetDeps } from './fleet-deps.js';
+import { SessionHost } from './session-host.js';
+
+export const ROLES = ['control', 'session', 'watch', 'webhook'] as const;
+export type Role = (typeof ROLES)[number];
+
+export interface FleetOptions extends FleetDepsOptions {
+  roles: readonly Role[];
+  hostId?: string;
+  reaperEveryMs?: number;
+}
+
+export interface RunningFleet {
+  deps: FleetDeps;
+  hostId: string;
+  control: ControlWorker | undefined;
+  session: SessionHost | undefined;
+  /** Session host first (hands its shadows back), then the control worker finishes its job at hand. */
+  stop(): Promise<void>;
+}
+
+export function defaultHostId(): string {
+  return `${hostname()}-${process.pid}`;
+}
+
+export async function startFleet(
+  config: SiteConfig,
+  redis: Redis,
+  log: Logger,
+  opts: FleetOptions,
+): Promise<RunningFleet> {
+  for (const role of opts.roles) {
+    if (role === 'watch' || role === 'webhook') throw new Error(`role ${role} is not available in this build yet`);
+  }
+  const deps = fleetDeps(config, redis, log, opts);
+  await preloadScripts(redis);
+  const hostId = opts.hostId ?? defaultHostId();
+  let control: ControlWorker | undefined;
+  let session: SessionHost | undefined;
+  if (opts.roles.includes('control')) {
+    control = new ControlWorker(deps, { events: redis, steps: redis });
+    await control.schedule(opts.reaperEveryMs);
+  }
+  if (opts.roles.includes('session')) session = await SessionHost.start(deps, hostId, redis);
+  log.info({ roles: opts.roles, hostId }, 'fleet started');
+  let stopping: Promise<void> | undefined;
+  return {
+    deps,
+    hostId,
+    control,
+    session,
+    stop: () => {
+      stopping ??= (async () => {
+        await session?.stop();
+        await control?.close();
+        await deps.queues.close();
+        log.info({ hostId }, 'fleet stopped');
+      })();
+      return stopping;
+    },
+  };
+}

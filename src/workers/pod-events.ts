@@ -1,0 +1,103 @@
+import {
+  applyEvent,
+  MACHINE_VERSION,
+  type PodAction,
+  type PodContext,
+  type PodEvent,
+  type PodStateName,
+  persistPod,
+  restorePod,
+  startPod,
+  stateOf,
+} from '../machines/pod-machine.js';
+import type { HistoryEntry, PodWrite } from '../store/snapshot-store.js';
+import { type FleetDeps, podLimits } from './fleet-deps.js';
+
+export type ApplyResult =
+  | { kind: 'applied'; from: PodStateName | null; to: PodStateName; actions: PodAction[]; context: PodContext }
+  | { kind: 'ignored'; state: string | null }
+  | { kind: 'unrestorable'; message: string };
+
+/** One line of history detail for an event: what an operator needs to read the timeline. */
+function detailOf(event: PodEvent): string | undefined {
+  switch (event.type) {
+    case 'SHADOW_UP':
+      return `host ${event.host}`;
+    case 'BATCH_HOST':
+      return `job ${event.jobId} on ${event.batchHost}`;
+    case 'CARRIER_LOST':
+      return event.reason;
+    case 'SESSION_FAILED':
+      return `${event.error.kind}: ${event.error.message}`;
+    case 'STEP_FAILED':
+      return event.error ? `${event.step}: ${event.error.kind}: ${event.error.message}` : event.step;
+    case 'STEP_DONE':
+      return event.step;
+    case 'TEARDOWN':
+      return event.reason;
+    case 'DEADLINE':
+      return `${event.name} deadline`;
+    default:
+      return undefined;
+  }
+}
+
+function historyOf(event: PodEvent, from: string, to: string, generation: number): HistoryEntry {
+  const detail = detailOf(event);
+  return { at: event.at, event: event.type, from, to, generation, ...(detail === undefined ? {} : { detail }) };
+}
+
+function writeOf(context: PodContext, persisted: unknown, state: string, history: HistoryEntry): PodWrite {
+  return {
+    snapshot: persisted,
+    version: MACHINE_VERSION,
+    state,
+    namespace: context.namespace,
+    name: context.name,
+    history,
+  };
+}
+
+/**
+ * Load → transition (pure) → compare-and-set, retried on conflicts. A POD_UPSERT for an unknown pod
+ * creates its machine; any other event for an unknown pod is dropped. The effects are returned, not run:
+ * the caller runs them once the new state is stored.
+ */
+export async function applyPodEvent(deps: FleetDeps, uid: string, event: PodEvent): Promise<ApplyResult> {
+  const outcome = await deps.store.applyWithRetry<ApplyResult>(uid, (stored) => {
+    if (!stored) {
+      if (event.type !== 'POD_UPSERT') return { value: { kind: 'ignored', state: null } };
+      const start = startPod(
+        {
+          uid,
+          namespace: event.namespace,
+          name: event.name,
+          annotations: event.annotations,
+          ...podLimits(deps.config),
+        },
+        event.at,
+      );
+      const context = start.snapshot.context;
+      const to = stateOf(start.snapshot);
+      return {
+        write: writeOf(context, persistPod(start.snapshot), to, historyOf(event, '', to, context.generation)),
+        value: { kind: 'applied', from: null, to, actions: start.actions, context },
+      };
+    }
+    const restored = restorePod(stored.snapshot);
+    if (!restored.ok) return { value: { kind: 'unrestorable', message: restored.error.message } };
+    const step = applyEvent(restored.snapshot, event);
+    if (!step.changed) return { value: { kind: 'ignored', state: step.from } };
+    const context = step.snapshot.context;
+    return {
+      write: writeOf(
+        context,
+        persistPod(step.snapshot),
+        step.to,
+        historyOf(event, step.from, step.to, context.generation),
+      ),
+      value: { kind: 'applied', from: step.from, to: step.to, actions: step.actions, context },
+    };
+  });
+  return outcome.value;
+}

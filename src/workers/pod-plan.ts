@@ -1,0 +1,32 @@
+import type { PodContext } from '../machines/pod-machine.js';
+import { renderSessionPlan, type SessionPlan } from '../render/session-plan.js';
+import { parseReverseRequest, type ReverseRequest } from '../spec/reverse-request.js';
+import type { SiteConfig } from '../spec/site-config.js';
+
+/** The pod's request, validated against the site (throws SpecError for bad input). */
+export function requestOf(context: PodContext, config: SiteConfig): ReverseRequest {
+  const request = parseReverseRequest(context.annotations, {
+    reverse: config.Network.SSH.Reverse,
+    podNamespace: context.namespace,
+    clusterDomain: config.Backhaul.ClusterDomain,
+  });
+  if (!request) {
+    throw new Error(`pod ${context.namespace}/${context.name} has no interlink.eu/reverse-* annotations`);
+  }
+  return request;
+}
+
+/** The session plan, rendered afresh where it is needed: it is a pure function of the pod and the site. */
+export function planOf(context: PodContext, config: SiteConfig): SessionPlan {
+  return renderSessionPlan(
+    {
+      uid: context.uid,
+      namespace: context.namespace,
+      name: context.name,
+      nodeName: undefined,
+      annotations: context.annotations,
+    },
+    requestOf(context, config),
+    config,
+  );
+}

@@ -1,0 +1,84 @@
+import { type PodStateName, restorePod, type StepName, stateOf } from '../machines/pod-machine.js';
+import type { FleetDeps } from './fleet-deps.js';
+import { SHADOW_STATES } from './pod-reader.js';
+import { jobIds, KEEP_JOBS, sendEvent } from './queues.js';
+
+export const REAPER_JOB = 'bh-reaper';
+
+/** A delivered deadline that is still in context this long after it fell due was lost: send it again. */
+const DEADLINE_GRACE_MS = 5_000;
+/** A shadow whose lease expired this long ago, with no session job running, is gone for good. */
+const LEASE_GRACE_MS = 20_000;
+/** A pod that sat this long in a step's state lost its step (or the step's report): run it again. */
+const STEP_GRACE_MS = 60_000;
+
+const STEP_OF_STATE: Partial<Record<PodStateName, StepName>> = {
+  validating: 'validate',
+  rendering: 'render',
+  tearingDown: 'teardown',
+};
+
+/**
+ * Level-triggered repair, run periodically: whatever an effect failed to do (a Redis hiccup between
+ * storing a state and queueing its effect, a lost delayed job, a session host that vanished with its
+ * job) is redone from the state stored. Every action here is one the machine tolerates twice.
+ */
+export async function reap(deps: FleetDeps): Promise<number> {
+  let repaired = 0;
+  const now = deps.now();
+  const uids = await deps.store.list();
+  const stored = await deps.store.loadMany(uids);
+  for (const record of stored) {
+    if (!record) continue;
+    const restored = restorePod(record.snapshot);
+    if (!restored.ok) continue;
+    const { uid } = record;
+    const state = stateOf(restored.snapshot);
+    const context = restored.snapshot.context;
+    if (state === 'done') {
+      await deps.store.remove(uid, Math.ceil(deps.config.Backhaul.HistoryTTL / 1000));
+      repaired += 1;
+      continue;
+    }
+    const deadline = context.deadline;
+    if (deadline && deadline.at + DEADLINE_GRACE_MS < now) {
+      await sendEvent(deps.queues, uid, {
+        type: 'DEADLINE',
+        name: deadline.name,
+        generation: deadline.generation,
+        at: now,
+      });
+      repaired += 1;
+    }
+    const step = STEP_OF_STATE[state];
+    if (step && record.updatedAt + STEP_GRACE_MS < now) {
+      // A fresh id: the first run's id is kept for an hour and would make this a no-op.
+      await deps.queues.steps.add(
+        step,
+        { uid, step, generation: context.generation },
+        {
+          jobId: `${jobIds.step(uid, step, context.generation)}-repair-${Math.floor(now / STEP_GRACE_MS)}`,
+          ...KEEP_JOBS,
+        },
+      );
+      repaired += 1;
+    }
+    if (SHADOW_STATES.has(state) && state !== 'launchingShadow' && context.generation > 0) {
+      const lease = await deps.leases.get(uid);
+      const job = await deps.queues.sessions.getJob(jobIds.session(uid, context.generation));
+      const jobState = job ? await job.getState() : 'missing';
+      const leaseGone = !lease || lease.expiresAt + LEASE_GRACE_MS < now;
+      if (leaseGone && jobState !== 'active' && jobState !== 'waiting' && jobState !== 'delayed') {
+        await sendEvent(deps.queues, uid, {
+          type: 'CARRIER_LOST',
+          reason: 'the shadow has no session host (its lease expired and its job is gone)',
+          generation: context.generation,
+          at: now,
+        });
+        repaired += 1;
+      }
+    }
+  }
+  await deps.hosts.prune().catch(() => []);
+  return repaired;
+}

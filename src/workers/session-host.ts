@@ -1,0 +1,181 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { type Job, WaitingError, Worker } from 'bullmq';
+import type { Redis } from 'ioredis';
+import type { PodEvent } from '../machines/pod-machine.js';
+import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
+import { ShadowSession } from '../ssh/shadow-session.js';
+import { openSiteAccess, type SiteAccess } from '../ssh/site-access.js';
+import type { FleetDeps } from './fleet-deps.js';
+import { readPod, SHADOW_STATES } from './pod-reader.js';
+import { QUEUE_NAMES, type SessionJobData, sendEvent } from './queues.js';
+
+/**
+ * BullMQ lock settings for shadows. A killed host stops renewing its job locks; the stall check moves
+ * its jobs back to wait within lockDuration + stalledInterval (about 6 s), another host takes them and
+ * its lease once the old one expires (LeaseTTL). A stall is not a failure: maxStalledCount is high.
+ */
+export const SESSION_LOCKS = { lockDuration: 4_000, stalledInterval: 2_000, maxStalledCount: 100_000 } as const;
+
+export type SessionOutcome = ShadowEnd | { type: 'STALE'; reason: string } | { type: 'HANDED_OVER' };
+
+/** The phase a shadow reports, as the event its machine reads. */
+function eventOf(phase: ShadowPhase, generation: number, hostId: string, at: number): PodEvent {
+  switch (phase.type) {
+    case 'SHADOW_UP':
+      return { type: 'SHADOW_UP', host: hostId, generation, at };
+    case 'BATCH_HOST':
+      return { type: 'BATCH_HOST', batchHost: phase.batchHost, jobId: phase.jobId, generation, at };
+    case 'CARRIER_LOST':
+      return { type: 'CARRIER_LOST', reason: phase.reason, generation, at };
+    case 'SESSION_FAILED':
+      return { type: 'SESSION_FAILED', error: phase.error, generation, at };
+    case 'JOB_ENDED':
+      return { type: 'JOB_ENDED', generation, at };
+    default:
+      return { type: phase.type, generation, at };
+  }
+}
+
+/**
+ * A session host: a BullMQ worker whose long-running jobs each hold one ShadowSession, fenced by the
+ * pod's lease. Concurrency is its capacity. On stop it hands its shadows back to the queue so another
+ * host takes them over at once.
+ */
+export class SessionHost {
+  readonly worker: Worker<SessionJobData, SessionOutcome>;
+  private readonly sessions = new Map<string, ShadowSession>();
+  private handingOver = false;
+  private readonly heartbeat: NodeJS.Timeout;
+
+  private constructor(
+    private readonly deps: FleetDeps,
+    private readonly access: SiteAccess,
+    readonly hostId: string,
+    connection: Redis,
+  ) {
+    const capacity = deps.config.Backhaul.SessionCapacity;
+    this.worker = new Worker<SessionJobData, SessionOutcome>(
+      QUEUE_NAMES.sessions,
+      (job, token) => this.hold(job, token),
+      {
+        connection,
+        concurrency: capacity,
+        ...SESSION_LOCKS,
+        ...(deps.bullPrefix ? { prefix: deps.bullPrefix } : {}),
+      },
+    );
+    this.worker.on('error', (err) => deps.log.error({ err }, 'session host worker error'));
+    this.heartbeat = setInterval(() => {
+      deps.hosts.heartbeat(hostId, this.sessions.size).catch(() => undefined);
+    }, 2_000).unref();
+  }
+
+  static async start(deps: FleetDeps, hostId: string, connection: Redis): Promise<SessionHost> {
+    const access = await openSiteAccess(deps.config);
+    await deps.hosts.register(hostId, deps.config.Backhaul.SessionCapacity, 0);
+    return new SessionHost(deps, access, hostId, connection);
+  }
+
+  get load(): number {
+    return this.sessions.size;
+  }
+
+  /**
+   * Stops taking shadows and hands the ones it holds back: each session closes (its sockets go), its
+   * lease is released and its job returns to the queue for another host.
+   */
+  async stop(): Promise<void> {
+    this.handingOver = true;
+    const closing = this.worker.close();
+    await Promise.all([...this.sessions.values()].map((s) => s.close('session host stopping')));
+    await closing;
+    clearInterval(this.heartbeat);
+    await this.deps.hosts.unregister(this.hostId).catch(() => undefined);
+    this.access.pool.close();
+  }
+
+  private async hold(job: Job<SessionJobData>, token: string | undefined): Promise<SessionOutcome> {
+    const { uid, generation, plan } = job.data;
+    const { deps } = this;
+    const log = deps.log.child({ uid, generation, host: this.hostId });
+    const ttl = deps.config.Backhaul.LeaseTTL;
+
+    const stale = await this.staleReason(uid, generation);
+    if (stale) return { type: 'STALE', reason: stale };
+
+    // Fencing: one session per pod. After a crash, the dead host's lease must expire first.
+    let lease: { token: number } | undefined;
+    while (!lease) {
+      if (this.handingOver) return this.handBack(job, token, undefined);
+      const got = await deps.leases.acquire(uid, this.hostId, generation, ttl);
+      if (got.ok) lease = got.lease;
+      else if (got.reason === 'older-generation') return { type: 'STALE', reason: 'a newer shadow holds the lease' };
+      else await sleep(Math.min(500, ttl / 4));
+      const again = await this.staleReason(uid, generation);
+      if (again) {
+        if (lease) await deps.leases.release(uid, lease.token);
+        return { type: 'STALE', reason: again };
+      }
+    }
+    const fence = lease.token;
+
+    const session = new ShadowSession({
+      plan,
+      pool: this.access.pool,
+      site: this.access.carrier,
+      nodeWaitTimeoutMs: deps.config.Network.SSH.NodeWaitTimeout,
+      socketCheckMs: deps.config.Backhaul.SocketCheckInterval,
+      log: {
+        warn: (message, detail) => log.warn(detail ?? {}, message),
+        info: (message, detail) => log.info(detail ?? {}, message),
+      },
+      onPhase: (phase) => {
+        log.info({ phase: phase.type }, 'shadow phase');
+        sendEvent(deps.queues, uid, eventOf(phase, generation, this.hostId, deps.now())).catch((err) =>
+          log.error({ err }, 'could not report a phase'),
+        );
+      },
+    });
+    this.sessions.set(uid, session);
+    // Losing the lease (revoked by teardown, taken after an expiry) closes the session at once.
+    const renew = setInterval(
+      () => {
+        deps.leases.renew(uid, fence, ttl).then(
+          (r) => {
+            if (!r.ok) void session.close(`lease ${r.reason}`);
+          },
+          (err) => log.warn({ err }, 'lease renewal failed'),
+        );
+      },
+      Math.max(250, Math.floor(ttl / 3)),
+    );
+    try {
+      const end = await session.run();
+      if (end.type === 'CLOSED' && this.handingOver) return await this.handBack(job, token, fence);
+      return end;
+    } finally {
+      clearInterval(renew);
+      this.sessions.delete(uid);
+      if (!this.handingOver) await deps.leases.release(uid, fence).catch(() => false);
+    }
+  }
+
+  /** Puts the shadow back in the queue for another host and frees the lease at once. */
+  private async handBack(
+    job: Job<SessionJobData>,
+    token: string | undefined,
+    fence: number | undefined,
+  ): Promise<never> {
+    if (fence !== undefined) await this.deps.leases.release(job.data.uid, fence).catch(() => false);
+    await job.moveToWait(token);
+    throw new WaitingError();
+  }
+
+  private async staleReason(uid: string, generation: number): Promise<string | undefined> {
+    const pod = await readPod(this.deps, uid);
+    if (!pod) return 'the pod is gone';
+    if (pod.context.generation !== generation) return `the pod is at generation ${pod.context.generation}`;
+    if (!SHADOW_STATES.has(pod.state)) return `the pod is ${pod.state}`;
+    return undefined;
+  }
+}

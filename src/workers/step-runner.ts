@@ -1,0 +1,84 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { PodError, StepName } from '../machines/pod-machine.js';
+import { isSpecError } from '../spec/spec-error.js';
+import { stopShadow } from './effects.js';
+import type { FleetDeps } from './fleet-deps.js';
+import { planOf, requestOf } from './pod-plan.js';
+import { type PodView, readPod } from './pod-reader.js';
+import { jobIds, sendEvent } from './queues.js';
+
+/** The state each step belongs to: a step job found in another state is stale and does nothing. */
+const STATE_OF_STEP = {
+  validate: 'validating',
+  render: 'rendering',
+  launch: 'launchingShadow',
+  teardown: 'tearingDown',
+} as const satisfies Record<StepName, string>;
+
+export type StepOutcome = 'done' | 'failed' | 'stale';
+
+/**
+ * Runs one step of one pod and reports STEP_DONE / STEP_FAILED to its machine. Level-triggered: the
+ * step first checks that the pod is still in the step's state and generation, so a step run twice, or
+ * late, is harmless. Bad input is reported as a permanent failure instead of being retried.
+ */
+export async function runStep(deps: FleetDeps, uid: string, step: StepName, generation: number): Promise<StepOutcome> {
+  const pod = await readPod(deps, uid);
+  if (!pod || pod.state !== STATE_OF_STEP[step] || pod.context.generation !== generation) return 'stale';
+  try {
+    await perform(deps, pod, step, generation);
+  } catch (err) {
+    if (!isSpecError(err)) throw err; // transient: BullMQ retries with backoff
+    const error: PodError = { kind: 'invalid-pod', message: err.message, permanent: true };
+    await sendEvent(deps.queues, uid, { type: 'STEP_FAILED', step, generation, error, at: deps.now() });
+    return 'failed';
+  }
+  await sendEvent(deps.queues, uid, { type: 'STEP_DONE', step, generation, at: deps.now() });
+  return 'done';
+}
+
+async function perform(deps: FleetDeps, pod: PodView, step: StepName, generation: number): Promise<void> {
+  const { context } = pod;
+  switch (step) {
+    case 'validate':
+      requestOf(context, deps.config);
+      return;
+    case 'render':
+      planOf(context, deps.config);
+      return;
+    case 'launch': {
+      const plan = planOf(context, deps.config);
+      // The shadow runs for as long as the tunnel lives; a crashed host's job is picked up by another.
+      await deps.queues.sessions.add(
+        'shadow',
+        { uid: context.uid, generation, plan },
+        {
+          jobId: jobIds.session(context.uid, generation),
+          attempts: 1,
+          removeOnComplete: true,
+          removeOnFail: { age: 3_600 },
+        },
+      );
+      return;
+    }
+    case 'teardown':
+      await stopShadow(deps, context.uid, generation);
+      await waitForShadowGone(deps, context.uid, generation);
+      return;
+  }
+}
+
+/** The session closes its carrier and removes its sockets once its lease is gone; give it time to. */
+async function waitForShadowGone(deps: FleetDeps, uid: string, generation: number, timeoutMs = 20_000): Promise<void> {
+  const deadline = deps.now() + timeoutMs;
+  for (;;) {
+    const job = await deps.queues.sessions.getJob(jobIds.session(uid, generation));
+    const state = job ? await job.getState() : 'unknown';
+    if (state !== 'active') return;
+    if (deps.now() > deadline) {
+      deps.log.warn({ uid, generation }, 'teardown: the shadow did not stop in time; its lease is gone, so it will');
+      return;
+    }
+    await sleep(250);
+  }
+}

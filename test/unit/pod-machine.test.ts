@@ -1,0 +1,949 @@
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import {
+  applyEvent,
+  DEADLINE_NAMES,
+  MACHINE_VERSION,
+  POD_ACTION_TYPES,
+  POD_STATES,
+  type PodAction,
+  type PodEvent,
+  type PodInput,
+  type PodSnapshot,
+  type PodStateName,
+  parsePodEvent,
+  persistPod,
+  podMachine,
+  RestoreError,
+  restorePod,
+  SESSION_REPORT_TYPES,
+  type SessionReport,
+  STEPS,
+  startPod,
+  stateOf,
+} from '../../src/machines/pod-machine.js';
+import { backoffDelay } from '../../src/machines/pod-rules.js';
+import { podContextSchema } from '../../src/machines/pod-schema.js';
+
+const T0 = 1_700_000_000_000;
+const LIMITS = {
+  retryLimit: 3,
+  backoffBaseMs: 1_000,
+  backoffMaxMs: 5_000,
+  nodeWaitTimeoutMs: 7_200_000,
+  phaseTimeoutMs: 60_000,
+};
+const INPUT: PodInput = {
+  uid: '7c1b0f1e-3c4f-4a5e-9d2b-0123456789ab',
+  namespace: 'user',
+  name: 'analysis',
+  annotations: { 'interlink.eu/reverse-forwards': 'minio.user.svc.cluster.local:9000' },
+  ...LIMITS,
+};
+const HOST = 'session-host-a';
+const BATCH = { batchHost: 'node-17', jobId: '4242' };
+const SOFT = { kind: 'login-unreachable', message: 'connect ECONNREFUSED', permanent: false };
+const HARD = { kind: 'host-key-mismatch', message: 'host key of login.example changed', permanent: true };
+
+const SHADOW_STATES = [
+  'launchingShadow',
+  'waitingBatchHost',
+  'openingCarrier',
+  'establishingForwards',
+  'active',
+] as const satisfies readonly PodStateName[];
+
+/** Applies an event and checks the contract every transition keeps. */
+function step(snapshot: PodSnapshot, event: PodEvent) {
+  const result = applyEvent(snapshot, event);
+  if (!result.changed) {
+    expect(result.actions).toEqual([]);
+    expect(result.snapshot).toBe(snapshot);
+    expect(result.to).toBe(result.from);
+  }
+  // Effects are plain data the worker can put into jobs.
+  expect(JSON.parse(JSON.stringify(result.actions))).toEqual(result.actions);
+  for (const action of result.actions) expect(POD_ACTION_TYPES).toContain(action.type);
+  return result;
+}
+
+/** A report (or deadline, or launch failure) of the snapshot's current generation. */
+function report(snapshot: PodSnapshot, type: SessionReport['type'] | 'DEADLINE', at: number): PodEvent {
+  const generation = snapshot.context.generation;
+  switch (type) {
+    case 'SHADOW_UP':
+      return { type, at, generation, host: HOST };
+    case 'BATCH_HOST':
+      return { type, at, generation, ...BATCH };
+    case 'CARRIER_LOST':
+      return { type, at, generation, reason: 'keepalive timeout' };
+    case 'SESSION_FAILED':
+      return { type, at, generation, error: SOFT };
+    case 'DEADLINE':
+      return { type, at, generation, name: snapshot.context.deadline?.name ?? 'launchingShadow' };
+    default:
+      return { type, at, generation };
+  }
+}
+
+/** Drives a fresh pod into `target` the ordinary way; `at` advances one ms per event. */
+function reach(target: PodStateName, input: PodInput = INPUT): PodSnapshot {
+  let { snapshot } = startPod(input, T0);
+  let at = T0;
+  const go = (event: PodEvent) => {
+    const result = applyEvent(snapshot, event);
+    expect(result.changed).toBe(true);
+    snapshot = result.snapshot;
+  };
+  const path: PodStateName[] = ['validating'];
+  if (target === 'failed') {
+    go({ type: 'STEP_FAILED', at: ++at, step: 'validate', error: { ...HARD, kind: 'bad-annotation' } });
+    expect(stateOf(snapshot)).toBe('failed');
+    return snapshot;
+  }
+  const order: PodStateName[] = [
+    'rendering',
+    'launchingShadow',
+    'waitingBatchHost',
+    'openingCarrier',
+    'establishingForwards',
+    'active',
+    'tearingDown',
+    'done',
+  ];
+  for (const next of order) {
+    if (path.at(-1) === target) break;
+    const now = ++at;
+    switch (next) {
+      case 'rendering':
+        go({ type: 'STEP_DONE', at: now, step: 'validate' });
+        break;
+      case 'launchingShadow':
+        go({ type: 'STEP_DONE', at: now, step: 'render' });
+        break;
+      case 'waitingBatchHost':
+        go(report(snapshot, 'SHADOW_UP', now));
+        break;
+      case 'openingCarrier':
+        go(report(snapshot, 'BATCH_HOST', now));
+        break;
+      case 'establishingForwards':
+        go(report(snapshot, 'CARRIER_OPEN', now));
+        break;
+      case 'active':
+        go(report(snapshot, 'FORWARDS_READY', now));
+        break;
+      case 'tearingDown':
+        go(report(snapshot, 'JOB_ENDED', now));
+        break;
+      case 'done':
+        go({ type: 'STEP_DONE', at: now, step: 'teardown', generation: snapshot.context.generation });
+        break;
+    }
+    path.push(next);
+  }
+  expect(stateOf(snapshot)).toBe(target);
+  return snapshot;
+}
+
+const types = (actions: PodAction[]) => actions.map((a) => a.type);
+
+describe('pod machine: the happy path', () => {
+  it('starts in validating and asks for the validate step', () => {
+    const { snapshot, actions } = startPod(INPUT, T0);
+    expect(stateOf(snapshot)).toBe('validating');
+    expect(actions).toEqual([{ type: 'runStep', params: { step: 'validate', generation: 0 } }]);
+    expect(snapshot.context).toMatchObject({
+      uid: INPUT.uid,
+      namespace: 'user',
+      name: 'analysis',
+      createdAt: T0,
+      generation: 0,
+      attempts: 0,
+      deadline: null,
+      host: null,
+      lastError: null,
+      podDeleted: false,
+    });
+  });
+
+  it('refuses bad input at start (a caller bug)', () => {
+    expect(() => startPod({ ...INPUT, retryLimit: 0 }, T0)).toThrow(/retryLimit/);
+    expect(() => startPod({ ...INPUT, backoffMaxMs: 10 }, T0)).toThrow(/backoffMaxMs/);
+    expect(() => startPod({ ...INPUT, uid: '' }, T0)).toThrow(/uid/);
+  });
+
+  it('goes validating → … → active → tearingDown → done with the exact effects', () => {
+    let { snapshot } = startPod(INPUT, T0);
+    const expectStep = (event: PodEvent, to: PodStateName, actions: PodAction[]) => {
+      const result = step(snapshot, event);
+      expect(result.changed).toBe(true);
+      expect(result.to).toBe(to);
+      expect(result.actions).toEqual(actions);
+      snapshot = result.snapshot;
+    };
+    expectStep({ type: 'STEP_DONE', at: T0 + 1, step: 'validate', generation: 0 }, 'rendering', [
+      { type: 'runStep', params: { step: 'render', generation: 0 } },
+    ]);
+    expectStep({ type: 'STEP_DONE', at: T0 + 2, step: 'render', generation: 0 }, 'launchingShadow', [
+      { type: 'runStep', params: { step: 'launch', generation: 1, delayMs: 0 } },
+      { type: 'scheduleDeadline', params: { name: 'launchingShadow', at: T0 + 2 + 60_000, generation: 1 } },
+    ]);
+    expect(snapshot.context).toMatchObject({ generation: 1, attempts: 1 });
+    expectStep({ type: 'SHADOW_UP', at: T0 + 3, generation: 1, host: HOST }, 'waitingBatchHost', [
+      { type: 'cancelDeadline', params: { name: 'launchingShadow', generation: 1 } },
+      { type: 'scheduleDeadline', params: { name: 'waitingBatchHost', at: T0 + 3 + 7_200_000, generation: 1 } },
+    ]);
+    expect(snapshot.context.host).toBe(HOST);
+    expectStep({ type: 'BATCH_HOST', at: T0 + 4, generation: 1, ...BATCH }, 'openingCarrier', [
+      { type: 'cancelDeadline', params: { name: 'waitingBatchHost', generation: 1 } },
+      { type: 'scheduleDeadline', params: { name: 'openingCarrier', at: T0 + 4 + 60_000, generation: 1 } },
+    ]);
+    expect(snapshot.context).toMatchObject(BATCH);
+    expectStep({ type: 'CARRIER_OPEN', at: T0 + 5, generation: 1 }, 'establishingForwards', [
+      { type: 'cancelDeadline', params: { name: 'openingCarrier', generation: 1 } },
+      { type: 'scheduleDeadline', params: { name: 'establishingForwards', at: T0 + 5 + 60_000, generation: 1 } },
+    ]);
+    expectStep({ type: 'FORWARDS_READY', at: T0 + 6, generation: 1 }, 'active', [
+      { type: 'cancelDeadline', params: { name: 'establishingForwards', generation: 1 } },
+    ]);
+    expect(snapshot.context).toMatchObject({ attempts: 0, forwardsReadyAt: T0 + 6, deadline: null });
+    expectStep({ type: 'SOCKETS_VANISHED', at: T0 + 7, generation: 1 }, 'tearingDown', [
+      { type: 'runStep', params: { step: 'teardown', generation: 1 } },
+    ]);
+    expect(snapshot.context.teardownReason).toBe('sockets-vanished');
+    expectStep({ type: 'STEP_DONE', at: T0 + 8, step: 'teardown', generation: 1 }, 'done', []);
+    expect(snapshot.status).toBe('done');
+  });
+
+  it('STEP_FAILED of validate or render → failed with the error', () => {
+    for (const [state, stepName] of [
+      ['validating', 'validate'],
+      ['rendering', 'render'],
+    ] as const) {
+      const result = step(reach(state), {
+        type: 'STEP_FAILED',
+        at: T0 + 100,
+        step: stepName,
+        error: { kind: 'bad-annotation', message: 'interlink.eu/reverse-forwards entry "x:udp"', permanent: true },
+      });
+      expect(result.to).toBe('failed');
+      expect(result.actions).toEqual([]);
+      expect(result.snapshot.context.lastError).toEqual({
+        kind: 'bad-annotation',
+        message: 'interlink.eu/reverse-forwards entry "x:udp"',
+        at: T0 + 100,
+      });
+    }
+  });
+
+  it('step results of another step or an older generation are ignored', () => {
+    const validating = reach('validating');
+    expect(step(validating, { type: 'STEP_DONE', at: T0, step: 'render' }).changed).toBe(false);
+    expect(step(validating, { type: 'STEP_DONE', at: T0, step: 'validate', generation: 7 }).changed).toBe(false);
+    const rendering = reach('rendering');
+    expect(step(rendering, { type: 'STEP_DONE', at: T0, step: 'validate' }).changed).toBe(false);
+    const tearingDown = reach('tearingDown');
+    expect(step(tearingDown, { type: 'STEP_DONE', at: T0, step: 'teardown', generation: 0 }).changed).toBe(false);
+    expect(step(tearingDown, { type: 'STEP_DONE', at: T0, step: 'launch', generation: 1 }).changed).toBe(false);
+    // A launch step that succeeded changes nothing: the shadow reports for itself.
+    const launching = reach('launchingShadow');
+    expect(step(launching, { type: 'STEP_DONE', at: T0, step: 'launch', generation: 1 }).changed).toBe(false);
+  });
+});
+
+describe('pod machine: session reports in every shadow state', () => {
+  type Expect = PodStateName | 'ignored';
+  // Rows: the state; columns: a report of the current generation → where it leads.
+  const table: Record<(typeof SHADOW_STATES)[number], Record<SessionReport['type'] | 'DEADLINE', Expect>> = {
+    launchingShadow: {
+      SHADOW_UP: 'waitingBatchHost',
+      BATCH_HOST: 'openingCarrier',
+      CARRIER_OPEN: 'establishingForwards',
+      FORWARDS_READY: 'active',
+      SOCKETS_VANISHED: 'tearingDown',
+      JOB_ENDED: 'tearingDown',
+      CARRIER_LOST: 'launchingShadow',
+      SESSION_FAILED: 'launchingShadow',
+      DEADLINE: 'launchingShadow',
+    },
+    waitingBatchHost: {
+      SHADOW_UP: 'ignored',
+      BATCH_HOST: 'openingCarrier',
+      CARRIER_OPEN: 'establishingForwards',
+      FORWARDS_READY: 'active',
+      SOCKETS_VANISHED: 'tearingDown',
+      JOB_ENDED: 'tearingDown',
+      CARRIER_LOST: 'launchingShadow',
+      SESSION_FAILED: 'launchingShadow',
+      DEADLINE: 'failed',
+    },
+    openingCarrier: {
+      SHADOW_UP: 'ignored',
+      BATCH_HOST: 'ignored',
+      CARRIER_OPEN: 'establishingForwards',
+      FORWARDS_READY: 'active',
+      SOCKETS_VANISHED: 'tearingDown',
+      JOB_ENDED: 'tearingDown',
+      CARRIER_LOST: 'launchingShadow',
+      SESSION_FAILED: 'launchingShadow',
+      DEADLINE: 'launchingShadow',
+    },
+    establishingForwards: {
+      SHADOW_UP: 'ignored',
+      BATCH_HOST: 'ignored',
+      CARRIER_OPEN: 'ignored',
+      FORWARDS_READY: 'active',
+      SOCKETS_VANISHED: 'tearingDown',
+      JOB_ENDED: 'tearingDown',
+      CARRIER_LOST: 'launchingShadow',
+      SESSION_FAILED: 'launchingShadow',
+      DEADLINE: 'launchingShadow',
+    },
+    active: {
+      SHADOW_UP: 'ignored',
+      BATCH_HOST: 'ignored',
+      CARRIER_OPEN: 'ignored',
+      FORWARDS_READY: 'ignored',
+      SOCKETS_VANISHED: 'tearingDown',
+      JOB_ENDED: 'tearingDown',
+      CARRIER_LOST: 'launchingShadow',
+      SESSION_FAILED: 'launchingShadow',
+      DEADLINE: 'ignored',
+    },
+  };
+  const cases = SHADOW_STATES.flatMap((state) =>
+    Object.entries(table[state]).map(([type, expected]) => ({
+      state,
+      type: type as SessionReport['type'] | 'DEADLINE',
+      expected,
+    })),
+  );
+
+  it.each(cases)('$state + $type → $expected', ({ state, type, expected }) => {
+    const before = reach(state);
+    const at = T0 + 1_000;
+    const result = step(before, report(before, type, at));
+    if (expected === 'ignored') {
+      expect(result.changed).toBe(false);
+      return;
+    }
+    expect(result.changed).toBe(true);
+    expect(result.to).toBe(expected);
+    const ctx = result.snapshot.context;
+    const hadDeadline = before.context.deadline !== null;
+    const cancel = hadDeadline
+      ? [
+          {
+            type: 'cancelDeadline',
+            params: { name: before.context.deadline?.name, generation: before.context.generation },
+          },
+        ]
+      : [];
+    const stop = { type: 'stopShadow', params: { generation: before.context.generation, reason: expect.any(String) } };
+    switch (expected) {
+      case 'launchingShadow': {
+        expect(ctx.generation).toBe(before.context.generation + 1);
+        expect(ctx.attempts).toBe(before.context.attempts + 1);
+        const delayMs = backoffDelay(before.context.attempts, LIMITS.backoffBaseMs, LIMITS.backoffMaxMs);
+        expect(result.actions).toEqual([
+          ...cancel,
+          stop,
+          { type: 'runStep', params: { step: 'launch', generation: ctx.generation, delayMs } },
+          {
+            type: 'scheduleDeadline',
+            params: { name: 'launchingShadow', at: at + delayMs + LIMITS.phaseTimeoutMs, generation: ctx.generation },
+          },
+        ]);
+        expect(ctx.lastError?.at).toBe(at);
+        expect(ctx.host).toBeNull();
+        break;
+      }
+      case 'tearingDown':
+        expect(result.actions).toEqual([
+          ...cancel,
+          { type: 'runStep', params: { step: 'teardown', generation: before.context.generation } },
+        ]);
+        expect(ctx.teardownReason).toBe(type === 'JOB_ENDED' ? 'job-ended' : 'sockets-vanished');
+        expect(ctx.deadline).toBeNull();
+        break;
+      case 'failed':
+        expect(result.actions).toEqual([...cancel, stop]);
+        expect(ctx.lastError).toMatchObject({ kind: 'node-wait-timeout', at });
+        expect(ctx.deadline).toBeNull();
+        break;
+      default: {
+        // Forward progress: the old deadline goes, the new state's (if any) comes.
+        const name = expected as (typeof DEADLINE_NAMES)[number];
+        const schedule = (DEADLINE_NAMES as readonly string[]).includes(expected)
+          ? [{ type: 'scheduleDeadline', params: { name, at: expect.any(Number), generation: ctx.generation } }]
+          : [];
+        expect(result.actions).toEqual([...cancel, ...schedule]);
+        expect(ctx.generation).toBe(before.context.generation);
+      }
+    }
+  });
+
+  it.each(
+    SHADOW_STATES.flatMap((state) =>
+      [...SESSION_REPORT_TYPES, 'DEADLINE' as const].flatMap((type) => [
+        { state, type, delta: -1 },
+        { state, type, delta: +1 },
+      ]),
+    ),
+  )('$state ignores $type of generation current$delta', ({ state, type, delta }) => {
+    const before = reach(state);
+    const event = report(before, type, T0 + 1_000) as PodEvent & { generation: number };
+    const result = step(before, { ...event, generation: before.context.generation + delta } as PodEvent);
+    expect(result.changed).toBe(false);
+  });
+
+  it('session reports outside the shadow states are ignored', () => {
+    for (const state of ['validating', 'rendering', 'tearingDown', 'failed', 'done'] as const) {
+      const before = reach(state);
+      for (const type of SESSION_REPORT_TYPES) {
+        expect(step(before, report(before, type, T0 + 1_000)).changed, `${state} ${type}`).toBe(false);
+      }
+    }
+  });
+
+  it('a late report of a passed phase fills in what it knows, without moving', () => {
+    let snapshot = reach('launchingShadow');
+    // BATCH_HOST overtook SHADOW_UP: the pod moves on and learns the host when SHADOW_UP arrives.
+    snapshot = step(snapshot, report(snapshot, 'BATCH_HOST', T0 + 10)).snapshot;
+    expect(stateOf(snapshot)).toBe('openingCarrier');
+    expect(snapshot.context.host).toBeNull();
+    const late = step(snapshot, report(snapshot, 'SHADOW_UP', T0 + 11));
+    expect(late).toMatchObject({ changed: true, from: 'openingCarrier', to: 'openingCarrier', actions: [] });
+    expect(late.snapshot.context.host).toBe(HOST);
+    expect(late.snapshot.context.deadline).toEqual(snapshot.context.deadline);
+    // The same report again brings nothing.
+    expect(step(late.snapshot, report(late.snapshot, 'SHADOW_UP', T0 + 12)).changed).toBe(false);
+    // A changed batch host (the job was requeued) is noted in active too.
+    const active = reach('active');
+    const moved = step(active, { type: 'BATCH_HOST', at: T0 + 13, generation: 1, batchHost: 'node-3', jobId: '4242' });
+    expect(moved.to).toBe('active');
+    expect(moved.snapshot.context.batchHost).toBe('node-3');
+  });
+
+  it('STEP_FAILED(launch) of the current generation relaunches; other steps and generations are ignored', () => {
+    const before = reach('launchingShadow');
+    const failed = step(before, { type: 'STEP_FAILED', at: T0 + 50, step: 'launch', generation: 1, error: SOFT });
+    expect(failed.to).toBe('launchingShadow');
+    expect(failed.snapshot.context.generation).toBe(2);
+    expect(failed.snapshot.context.lastError).toEqual({ kind: SOFT.kind, message: SOFT.message, at: T0 + 50 });
+    // Without an error the kind names the step.
+    const bare = step(before, { type: 'STEP_FAILED', at: T0 + 50, step: 'launch' });
+    expect(bare.snapshot.context.lastError?.kind).toBe('launch-failed');
+    expect(step(before, { type: 'STEP_FAILED', at: T0, step: 'launch', generation: 0 }).changed).toBe(false);
+    expect(step(before, { type: 'STEP_FAILED', at: T0, step: 'render' }).changed).toBe(false);
+    for (const state of ['waitingBatchHost', 'openingCarrier', 'establishingForwards', 'active'] as const) {
+      const later = reach(state);
+      expect(step(later, { type: 'STEP_FAILED', at: T0, step: 'launch', generation: 1 }).changed).toBe(false);
+    }
+  });
+});
+
+describe('pod machine: deadlines', () => {
+  it('each deadline state holds exactly one deadline of its own name and generation; others hold none', () => {
+    for (const state of POD_STATES) {
+      const snapshot = reach(state);
+      const deadline = snapshot.context.deadline;
+      if ((DEADLINE_NAMES as readonly string[]).includes(state)) {
+        expect(deadline).toMatchObject({ name: state, generation: snapshot.context.generation });
+      } else {
+        expect(deadline, state).toBeNull();
+      }
+    }
+  });
+
+  it('computes deadlines from the event time: phase timeout, node wait, backoff included', () => {
+    const launching = reach('launchingShadow');
+    expect(launching.context.deadline?.at).toBe(T0 + 2 + LIMITS.phaseTimeoutMs);
+    const relaunched = step(launching, report(launching, 'CARRIER_LOST', T0 + 500)).snapshot;
+    // attempts was 1: the relaunch waits backoffBase first, and the deadline counts it.
+    expect(relaunched.context.deadline?.at).toBe(T0 + 500 + LIMITS.backoffBaseMs + LIMITS.phaseTimeoutMs);
+    const waiting = reach('waitingBatchHost');
+    expect(waiting.context.deadline?.at).toBe(T0 + 3 + LIMITS.nodeWaitTimeoutMs);
+  });
+
+  it('leaving a deadline state by any transition cancels its deadline', () => {
+    for (const state of DEADLINE_NAMES) {
+      for (const event of [
+        { type: 'TEARDOWN', at: T0 + 9, reason: 'operator' } as const,
+        { type: 'POD_DELETED', at: T0 + 9 } as const,
+      ]) {
+        const before = reach(state);
+        const result = step(before, event);
+        expect(result.actions[0]).toEqual({
+          type: 'cancelDeadline',
+          params: { name: state, generation: before.context.generation },
+        });
+        expect(result.snapshot.context.deadline).toBeNull();
+      }
+    }
+  });
+
+  it('a DEADLINE whose name or generation is not current is ignored', () => {
+    for (const state of DEADLINE_NAMES) {
+      const before = reach(state);
+      const generation = before.context.generation;
+      for (const name of DEADLINE_NAMES.filter((n) => n !== state)) {
+        expect(step(before, { type: 'DEADLINE', at: T0 + 5, name, generation }).changed).toBe(false);
+      }
+      expect(step(before, { type: 'DEADLINE', at: T0 + 5, name: state, generation: generation - 1 }).changed).toBe(
+        false,
+      );
+    }
+    // The deadline of a state already left, delivered late.
+    const waiting = reach('waitingBatchHost');
+    expect(step(waiting, { type: 'DEADLINE', at: T0 + 5, name: 'launchingShadow', generation: 1 }).changed).toBe(false);
+    for (const state of ['validating', 'rendering', 'active', 'tearingDown', 'failed', 'done'] as const) {
+      const snapshot = reach(state);
+      for (const name of DEADLINE_NAMES) {
+        const event = { type: 'DEADLINE', at: T0 + 5, name, generation: snapshot.context.generation } as const;
+        expect(step(snapshot, event).changed, `${state} ${name}`).toBe(false);
+      }
+    }
+  });
+
+  it('the DEADLINE of a relaunched generation is the new one; the old generation’s is stale', () => {
+    const first = reach('openingCarrier');
+    const relaunched = step(first, report(first, 'DEADLINE', T0 + 60_000)).snapshot;
+    expect(relaunched.context.generation).toBe(2);
+    expect(
+      step(relaunched, { type: 'DEADLINE', at: T0 + 60_001, name: 'launchingShadow', generation: 1 }).changed,
+    ).toBe(false);
+    const again = step(relaunched, { type: 'DEADLINE', at: T0 + 200_000, name: 'launchingShadow', generation: 2 });
+    expect(again.to).toBe('launchingShadow');
+    expect(again.snapshot.context.generation).toBe(3);
+  });
+});
+
+describe('pod machine: retry budget and backoff', () => {
+  it('backoffDelay: 0 for the first launch, then base·2^(n-1) capped at max', () => {
+    expect([0, 1, 2, 3, 4, 5, 60].map((n) => backoffDelay(n, 1_000, 5_000))).toEqual([
+      0, 1_000, 2_000, 4_000, 5_000, 5_000, 5_000,
+    ]);
+    expect(backoffDelay(3, 250, 100_000)).toBe(1_000);
+  });
+
+  it('relaunches with the exact delays, stops each old shadow, and fails once the budget is spent', () => {
+    const input = { ...INPUT, retryLimit: 5, backoffBaseMs: 1_000, backoffMaxMs: 5_000 };
+    let snapshot = reach('launchingShadow', input);
+    const delays: number[] = [];
+    const stopped: number[] = [];
+    let at = T0 + 1_000;
+    // Bounded: a machine that never gives up must fail this test, not hang it.
+    for (let loss = 0; loss < 20; loss += 1) {
+      at += 1_000;
+      const result = step(snapshot, report(snapshot, 'CARRIER_LOST', at));
+      for (const action of result.actions) {
+        if (action.type === 'runStep') delays.push(action.params.delayMs ?? -1);
+        if (action.type === 'stopShadow') stopped.push(action.params.generation);
+      }
+      snapshot = result.snapshot;
+      if (result.to === 'failed') break;
+      expect(result.to).toBe('launchingShadow');
+    }
+    expect(delays).toEqual([1_000, 2_000, 4_000, 5_000]);
+    expect(stopped).toEqual([1, 2, 3, 4, 5]);
+    expect(snapshot.context).toMatchObject({ attempts: 5, generation: 5, deadline: null });
+    expect(snapshot.context.lastError).toMatchObject({ kind: 'carrier-lost', message: 'keepalive timeout' });
+  });
+
+  it('FORWARDS_READY resets the count: the next loss relaunches at once with the whole budget', () => {
+    let snapshot = reach('launchingShadow');
+    snapshot = step(snapshot, report(snapshot, 'SESSION_FAILED', T0 + 10)).snapshot;
+    snapshot = step(snapshot, report(snapshot, 'SESSION_FAILED', T0 + 20)).snapshot;
+    expect(snapshot.context.attempts).toBe(3); // the budget (3) is now spent
+    snapshot = step(snapshot, report(snapshot, 'FORWARDS_READY', T0 + 30)).snapshot;
+    expect(stateOf(snapshot)).toBe('active');
+    expect(snapshot.context.attempts).toBe(0);
+    const lost = step(snapshot, report(snapshot, 'CARRIER_LOST', T0 + 40));
+    expect(lost.to).toBe('launchingShadow');
+    expect(lost.actions).toContainEqual({ type: 'runStep', params: { step: 'launch', generation: 4, delayMs: 0 } });
+    expect(lost.snapshot.context.attempts).toBe(1);
+  });
+
+  it('a permanent error fails at once from every shadow state, budget or not', () => {
+    for (const state of SHADOW_STATES) {
+      const before = reach(state);
+      const result = step(before, { type: 'SESSION_FAILED', at: T0 + 77, generation: 1, error: HARD });
+      expect(result.to, state).toBe('failed');
+      expect(types(result.actions)).not.toContain('runStep');
+      expect(result.actions).toContainEqual({
+        type: 'stopShadow',
+        params: { generation: 1, reason: 'host-key-mismatch' },
+      });
+      expect(result.snapshot.context.lastError).toEqual({ kind: HARD.kind, message: HARD.message, at: T0 + 77 });
+      expect(result.snapshot.context.generation).toBe(1);
+    }
+    const launching = reach('launchingShadow');
+    const launch = step(launching, { type: 'STEP_FAILED', at: T0, step: 'launch', generation: 1, error: HARD });
+    expect(launch.to).toBe('failed');
+  });
+
+  it('the node wait deadline fails at once (waiting again would wait as long again)', () => {
+    const waiting = reach('waitingBatchHost');
+    const result = step(waiting, report(waiting, 'DEADLINE', T0 + LIMITS.nodeWaitTimeoutMs));
+    expect(result.to).toBe('failed');
+    expect(result.snapshot.context.lastError?.kind).toBe('node-wait-timeout');
+  });
+});
+
+describe('pod machine: TEARDOWN, POD_DELETED and RETRY from every state', () => {
+  it.each(
+    POD_STATES.flatMap((state) => (['TEARDOWN', 'POD_DELETED'] as const).map((type) => ({ state, type }))),
+  )('$type from $state', ({ state, type }) => {
+    const before = reach(state);
+    const event: PodEvent =
+      type === 'TEARDOWN' ? { type, at: T0 + 500, reason: 'operator asked' } : { type, at: T0 + 500 };
+    const result = step(before, event);
+    if (state === 'done') {
+      expect(result.changed).toBe(false);
+      return;
+    }
+    expect(result.to).toBe('tearingDown');
+    if (state === 'tearingDown') {
+      // Already under way: no second teardown step; a deletion is still noted.
+      expect(result.actions).toEqual([]);
+      expect(result.snapshot.context.podDeleted).toBe(type === 'POD_DELETED');
+      expect(result.changed).toBe(type === 'POD_DELETED');
+      return;
+    }
+    const deadline = before.context.deadline;
+    expect(result.actions).toEqual([
+      ...(deadline
+        ? [{ type: 'cancelDeadline', params: { name: deadline.name, generation: deadline.generation } }]
+        : []),
+      { type: 'runStep', params: { step: 'teardown', generation: before.context.generation } },
+    ]);
+    expect(result.snapshot.context.podDeleted).toBe(type === 'POD_DELETED');
+    expect(result.snapshot.context.teardownReason).toBe(type === 'TEARDOWN' ? 'operator asked' : 'pod-deleted');
+    // …and the teardown step's success ends it.
+    const done = step(result.snapshot, {
+      type: 'STEP_DONE',
+      at: T0 + 600,
+      step: 'teardown',
+      generation: before.context.generation,
+    });
+    expect(done.to).toBe('done');
+  });
+
+  it('a POD_DELETED seen twice in tearingDown changes nothing the second time', () => {
+    const first = step(reach('tearingDown'), { type: 'POD_DELETED', at: T0 + 1 }).snapshot;
+    expect(step(first, { type: 'POD_DELETED', at: T0 + 2 }).changed).toBe(false);
+  });
+
+  it.each(POD_STATES)('RETRY from %s', (state) => {
+    const before = reach(state);
+    const result = step(before, { type: 'RETRY', at: T0 + 900 });
+    if (state !== 'failed') {
+      expect(result.changed).toBe(false);
+      return;
+    }
+    expect(result.to).toBe('validating');
+    expect(result.actions).toEqual([{ type: 'runStep', params: { step: 'validate', generation: 0 } }]);
+    expect(result.snapshot.context.attempts).toBe(0);
+  });
+
+  it('RETRY after a spent budget starts a fresh count and a new generation', () => {
+    let snapshot = reach('launchingShadow');
+    for (let loss = 0; loss < 20 && stateOf(snapshot) !== 'failed'; loss += 1) {
+      snapshot = step(snapshot, report(snapshot, 'CARRIER_LOST', T0 + 10)).snapshot;
+    }
+    expect(stateOf(snapshot)).toBe('failed');
+    expect(snapshot.context).toMatchObject({ attempts: 3, generation: 3 });
+    snapshot = step(snapshot, { type: 'RETRY', at: T0 + 20 }).snapshot;
+    expect(snapshot.context.attempts).toBe(0);
+    snapshot = step(snapshot, { type: 'STEP_DONE', at: T0 + 21, step: 'validate', generation: 3 }).snapshot;
+    const launch = step(snapshot, { type: 'STEP_DONE', at: T0 + 22, step: 'render', generation: 3 });
+    expect(launch.actions[0]).toEqual({ type: 'runStep', params: { step: 'launch', generation: 4, delayMs: 0 } });
+  });
+
+  it('a failed teardown goes to failed; RETRY then retries the teardown, not the setup', () => {
+    const tearing = step(reach('active'), { type: 'POD_DELETED', at: T0 + 1 }).snapshot;
+    const failed = step(tearing, {
+      type: 'STEP_FAILED',
+      at: T0 + 2,
+      step: 'teardown',
+      generation: 1,
+      error: { kind: 'login-unreachable', message: 'timeout', permanent: false },
+    });
+    expect(failed.to).toBe('failed');
+    expect(failed.snapshot.context.lastError?.kind).toBe('login-unreachable');
+    const retried = step(failed.snapshot, { type: 'RETRY', at: T0 + 3 });
+    expect(retried.to).toBe('tearingDown');
+    expect(retried.actions).toEqual([{ type: 'runStep', params: { step: 'teardown', generation: 1 } }]);
+  });
+
+  it('done is final: no event moves it', () => {
+    const done = reach('done');
+    const events: PodEvent[] = [
+      { type: 'RETRY', at: T0 },
+      { type: 'TEARDOWN', at: T0, reason: 'x' },
+      { type: 'POD_DELETED', at: T0 },
+      { type: 'POD_UPSERT', at: T0, namespace: 'other', name: 'other', annotations: {} },
+      ...SESSION_REPORT_TYPES.map((type) => report(done, type, T0)),
+    ];
+    for (const event of events) expect(step(done, event).changed, event.type).toBe(false);
+  });
+});
+
+describe('pod machine: POD_UPSERT', () => {
+  it('notes a changed name or annotations without moving or acting; a repeat is ignored', () => {
+    for (const state of POD_STATES.filter((s) => s !== 'done')) {
+      const before = reach(state);
+      const same = { type: 'POD_UPSERT', at: T0 + 1, namespace: 'user', name: 'analysis' } as const;
+      expect(step(before, { ...same, annotations: { ...INPUT.annotations } }).changed, state).toBe(false);
+      const changed = step(before, { ...same, annotations: { 'interlink.eu/reverse-forwards': 'redis:6379' } });
+      expect(changed).toMatchObject({ changed: true, from: state, to: state, actions: [] });
+      expect(changed.snapshot.context.annotations).toEqual({ 'interlink.eu/reverse-forwards': 'redis:6379' });
+    }
+  });
+});
+
+describe('pod machine: persistence', () => {
+  it.each(POD_STATES)('JSON round trip in %s, then the same next step as without it', (state) => {
+    const live = reach(state);
+    const stored = JSON.parse(JSON.stringify(persistPod(live)));
+    expect(stored).toEqual({ version: MACHINE_VERSION, state, context: live.context });
+    const restored = restorePod(stored);
+    if (!restored.ok) throw restored.error;
+    expect(stateOf(restored.snapshot)).toBe(state);
+    expect(restored.snapshot.context).toEqual(live.context);
+    expect(restored.snapshot.status).toBe(state === 'done' ? 'done' : 'active');
+    const next: PodEvent[] = [
+      { type: 'TEARDOWN', at: T0 + 5, reason: 'x' },
+      { type: 'RETRY', at: T0 + 5 },
+      ...SESSION_REPORT_TYPES.map((type) => report(live, type, T0 + 5)),
+      report(live, 'DEADLINE', T0 + 5),
+      { type: 'STEP_DONE', at: T0 + 5, step: 'validate' },
+    ];
+    for (const event of next) {
+      const a = applyEvent(live, event);
+      const b = applyEvent(restored.snapshot, event);
+      expect(b.actions, event.type).toEqual(a.actions);
+      expect([b.changed, b.to]).toEqual([a.changed, a.to]);
+      expect(persistPod(b.snapshot)).toEqual(persistPod(a.snapshot));
+    }
+  });
+
+  const good = () => JSON.parse(JSON.stringify(persistPod(reach('active'))));
+
+  it.each([
+    ['a newer version', { ...good(), version: MACHINE_VERSION + 1 }, 'unknown-version'],
+    ['a version as text', { ...good(), version: String(MACHINE_VERSION) }, 'unknown-version'],
+    ['an unknown state', { ...good(), state: 'holdingShadow' }, 'unknown-state'],
+    [
+      'a context missing a field',
+      { ...good(), context: { ...good().context, generation: undefined } },
+      'invalid-context',
+    ],
+    ['a context of the wrong type', { ...good(), context: 'yes' }, 'invalid-context'],
+    ['no version', { state: 'active', context: good().context }, 'invalid-snapshot'],
+    ['null', null, 'invalid-snapshot'],
+    ['a number', 42, 'invalid-snapshot'],
+    ['a string', 'active', 'invalid-snapshot'],
+    ['an XState persisted snapshot', podMachine.getPersistedSnapshot(reach('active')) as unknown, 'invalid-snapshot'],
+  ] as const)('%s → a RestoreError, not a throw', (_label, stored, kind) => {
+    let result: ReturnType<typeof restorePod> | undefined;
+    expect(() => {
+      result = restorePod(stored);
+    }).not.toThrow();
+    expect(result?.ok).toBe(false);
+    if (result && !result.ok) {
+      expect(result.error).toBeInstanceOf(RestoreError);
+      expect(result.error.kind).toBe(kind);
+      expect(result.error.message.length).toBeGreaterThan(0);
+      expect(JSON.parse(JSON.stringify(result.error))).toMatchObject({ kind });
+    }
+  });
+
+  it('a RestoreError names what it found', () => {
+    const result = restorePod({ ...good(), version: 9, state: 'holdingShadow' });
+    expect(result.ok).toBe(false);
+    if (!result.ok)
+      expect(result.error.toJSON()).toMatchObject({ kind: 'unknown-version', version: 9, state: 'holdingShadow' });
+  });
+});
+
+describe('pod machine: version', () => {
+  it('POD_STATES is exactly the chart’s states (restore relies on it)', () => {
+    expect(Object.keys(podMachine.root.states).sort()).toEqual([...POD_STATES].sort());
+  });
+
+  it('the stored shape is pinned to MACHINE_VERSION: change states or context → bump the version', () => {
+    expect({
+      version: MACHINE_VERSION,
+      states: [...POD_STATES],
+      context: Object.keys(podContextSchema.shape).sort(),
+    }).toEqual({
+      version: 1,
+      states: [
+        'validating',
+        'rendering',
+        'launchingShadow',
+        'waitingBatchHost',
+        'openingCarrier',
+        'establishingForwards',
+        'active',
+        'tearingDown',
+        'done',
+        'failed',
+      ],
+      context: [
+        'annotations',
+        'attempts',
+        'backoffBaseMs',
+        'backoffMaxMs',
+        'backoffMs',
+        'batchHost',
+        'createdAt',
+        'deadline',
+        'forwardsReadyAt',
+        'generation',
+        'host',
+        'jobId',
+        'lastError',
+        'name',
+        'namespace',
+        'nodeWaitTimeoutMs',
+        'phaseTimeoutMs',
+        'podDeleted',
+        'retryLimit',
+        'teardownReason',
+        'uid',
+      ],
+    });
+    // The context the machine builds is the one the schema checks.
+    expect(Object.keys(startPod(INPUT, T0).snapshot.context).sort()).toEqual(
+      Object.keys(podContextSchema.shape).sort(),
+    );
+  });
+});
+
+describe('pod machine: events from queue jobs', () => {
+  it('parsePodEvent accepts every event shape and refuses malformed ones with a path', () => {
+    const active = reach('active');
+    const events: PodEvent[] = [
+      { type: 'POD_UPSERT', at: T0, namespace: 'a', name: 'b', annotations: {} },
+      { type: 'POD_DELETED', at: T0 },
+      { type: 'RETRY', at: T0 },
+      { type: 'TEARDOWN', at: T0, reason: 'r' },
+      { type: 'STEP_DONE', at: T0, step: 'render' },
+      { type: 'STEP_FAILED', at: T0, step: 'launch', generation: 2, error: SOFT },
+      { type: 'DEADLINE', at: T0, name: 'openingCarrier', generation: 1 },
+      ...SESSION_REPORT_TYPES.map((type) => report(active, type, T0)),
+    ];
+    for (const event of events) expect(parsePodEvent(JSON.parse(JSON.stringify(event)))).toEqual({ ok: true, event });
+    expect(parsePodEvent({ type: 'SHADOW_UP', at: T0, host: 'h' })).toMatchObject({ ok: false, message: /generation/ });
+    expect(parsePodEvent({ type: 'NOPE', at: T0 })).toMatchObject({ ok: false });
+    expect(parsePodEvent({ type: 'RETRY' })).toMatchObject({ ok: false, message: /at/ });
+  });
+});
+
+describe('pod machine: random event sequences keep the invariants', () => {
+  /** The event the pod waits for to move on from where it is. */
+  const progress = (snapshot: PodSnapshot, at: number): PodEvent => {
+    const generation = snapshot.context.generation;
+    switch (stateOf(snapshot)) {
+      case 'validating':
+        return { type: 'STEP_DONE', at, step: 'validate', generation };
+      case 'rendering':
+        return { type: 'STEP_DONE', at, step: 'render', generation };
+      case 'launchingShadow':
+        return report(snapshot, 'SHADOW_UP', at);
+      case 'waitingBatchHost':
+        return report(snapshot, 'BATCH_HOST', at);
+      case 'openingCarrier':
+        return report(snapshot, 'CARRIER_OPEN', at);
+      case 'establishingForwards':
+        return report(snapshot, 'FORWARDS_READY', at);
+      case 'active':
+        return report(snapshot, 'JOB_ENDED', at);
+      case 'tearingDown':
+        return { type: 'STEP_DONE', at, step: 'teardown', generation };
+      case 'failed':
+        return { type: 'RETRY', at };
+      case 'done':
+        return { type: 'POD_DELETED', at };
+    }
+  };
+  const withGeneration = (event: PodEvent, generation: number): PodEvent =>
+    'generation' in event ? ({ ...event, generation } as PodEvent) : event;
+  // Weighted towards progress, so that runs reach the deep states as well as the exits.
+  const eventArb = fc.oneof(
+    { weight: 8, arbitrary: fc.constant({ kind: 'progress' as const }) },
+    {
+      weight: 8,
+      arbitrary: fc.constantFrom(...SESSION_REPORT_TYPES).map((type) => ({ kind: 'report' as const, type })),
+    },
+    { weight: 2, arbitrary: fc.constantFrom(...DEADLINE_NAMES).map((name) => ({ kind: 'deadline' as const, name })) },
+    {
+      weight: 4,
+      arbitrary: fc.constantFrom(...STEPS).map((s) => ({ kind: 'done' as const, step: s })),
+    },
+    { weight: 1, arbitrary: fc.constantFrom(...STEPS).map((s) => ({ kind: 'fail' as const, step: s })) },
+    {
+      weight: 1,
+      arbitrary: fc.constantFrom('RETRY', 'TEARDOWN', 'POD_DELETED').map((type) => ({ kind: 'op' as const, type })),
+    },
+    { weight: 1, arbitrary: fc.boolean().map((permanent) => ({ kind: 'sessionFailed' as const, permanent })) },
+  );
+  // Mostly the current generation, sometimes a stale or a future one.
+  const skewArb = fc.oneof({ weight: 6, arbitrary: fc.constant(0) }, { weight: 1, arbitrary: fc.constantFrom(-1, 1) });
+  const visited = new Set<PodStateName>();
+
+  it('ignored events act never; deadlines match states; generations only grow; round trips are exact', () => {
+    fc.assert(
+      fc.property(fc.array(fc.tuple(eventArb, skewArb), { minLength: 10, maxLength: 60 }), (script) => {
+        let snapshot = startPod(INPUT, T0).snapshot;
+        let at = T0;
+        for (const [pick, skew] of script) {
+          at += 997;
+          const generation = snapshot.context.generation + skew;
+          const event: PodEvent =
+            pick.kind === 'progress'
+              ? withGeneration(progress(snapshot, at), generation)
+              : pick.kind === 'report'
+                ? ({ ...report(snapshot, pick.type, at), generation } as PodEvent)
+                : pick.kind === 'deadline'
+                  ? { type: 'DEADLINE', at, name: pick.name, generation }
+                  : pick.kind === 'done'
+                    ? { type: 'STEP_DONE', at, step: pick.step, generation }
+                    : pick.kind === 'fail'
+                      ? { type: 'STEP_FAILED', at, step: pick.step, generation, error: SOFT }
+                      : pick.kind === 'sessionFailed'
+                        ? { type: 'SESSION_FAILED', at, generation, error: { ...SOFT, permanent: pick.permanent } }
+                        : pick.type === 'TEARDOWN'
+                          ? { type: 'TEARDOWN', at, reason: 'fuzz' }
+                          : { type: pick.type, at };
+          const result = step(snapshot, event);
+          const next = result.snapshot;
+          expect(next.context.generation).toBeGreaterThanOrEqual(snapshot.context.generation);
+          expect(next.context.attempts).toBeLessThanOrEqual(INPUT.retryLimit);
+          const state = stateOf(next);
+          visited.add(state);
+          const inDeadlineState = (DEADLINE_NAMES as readonly string[]).includes(state);
+          expect(next.context.deadline?.name ?? null).toBe(inDeadlineState ? state : null);
+          if (next.context.deadline) expect(next.context.deadline.generation).toBe(next.context.generation);
+          // Every scheduled deadline is for the state we are in; every launch is for the current generation.
+          for (const action of result.actions) {
+            if (action.type === 'scheduleDeadline') expect(action.params).toEqual(next.context.deadline);
+            if (action.type === 'runStep' && action.params.step === 'launch') {
+              expect(action.params.generation).toBe(next.context.generation);
+            }
+          }
+          const restored = restorePod(JSON.parse(JSON.stringify(persistPod(next))));
+          expect(restored.ok && persistPod(restored.snapshot)).toEqual(persistPod(next));
+          snapshot = next;
+        }
+      }),
+      { numRuns: 150 },
+    );
+    // The runs went everywhere (else the invariants above were checked on too little).
+    expect([...visited].sort()).toEqual([...POD_STATES].sort());
+  });
+});
