@@ -8,6 +8,9 @@ import { type EventJobData, QUEUE_NAMES, type StepJobData } from './queues.js';
 import { REAPER_JOB, reap } from './reaper.js';
 import { runStep } from './step-runner.js';
 
+/** A killed control worker's job at hand is retried by another within about 15 s (BullMQ's default is 60 s). */
+export const CONTROL_LOCKS = { lockDuration: 10_000, stalledInterval: 5_000, maxStalledCount: 10 } as const;
+
 /**
  * The control role: applies events to pods' machines (load → transition → compare-and-set → effects)
  * and runs the steps those machines ask for. Stopping finishes the job at hand (BullMQ's close waits).
@@ -25,11 +28,13 @@ export class ControlWorker {
     this.events = new Worker<EventJobData>(QUEUE_NAMES.events, (job) => this.onEvent(job), {
       connection: connections.events,
       concurrency: concurrency.events,
+      ...CONTROL_LOCKS,
       ...prefix,
     });
     this.steps = new Worker<StepJobData>(QUEUE_NAMES.steps, (job) => this.onStep(job), {
       connection: connections.steps,
       concurrency: concurrency.steps,
+      ...CONTROL_LOCKS,
       ...prefix,
     });
     for (const worker of [this.events, this.steps]) {

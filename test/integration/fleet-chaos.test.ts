@@ -1,0 +1,229 @@
+import { readFile, rm } from 'node:fs/promises';
+import type { Server } from 'node:net';
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { silentLogger } from '../../src/log.js';
+import { parseSiteConfig } from '../../src/spec/site-config.js';
+import { createRedis } from '../../src/store/redis.js';
+import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
+import { jobIds, sendEvent } from '../../src/workers/queues.js';
+import { privateRedis } from '../fixtures/fleet-harness.js';
+import {
+  echoServer,
+  type Harness,
+  harness,
+  jobScript,
+  PYTHON,
+  planFor,
+  uid,
+  waitFor,
+} from '../fixtures/shadow-harness.js';
+import { cancelSubmittedJobs, sbatch } from '../fixtures/slurm.js';
+import { startWorker, type WorkerProcess, workerStarted, writeConfig } from '../fixtures/worker-process.js';
+
+const DB = 4;
+
+/**
+ * A client inside the job that tries the forward every 200 ms and writes one line per try
+ * (`ok <ms>` or `fail <ms>`), so the test can tell when the job got through again.
+ */
+function prober(port: number): string {
+  return `${PYTHON} - <<'PYEOF'
+import os, socket, sys, time
+addr = os.environ['BACKHAUL_BIND_ADDRESS']
+while True:
+    t = int(time.time() * 1000)
+    try:
+        s = socket.create_connection((addr, ${port}), timeout=2)
+        s.sendall(b'ping')
+        s.shutdown(socket.SHUT_WR)
+        data = s.recv(16)
+        s.close()
+        print(('ok' if data == b'ping' else 'fail'), t, flush=True)
+    except Exception:
+        print('fail', t, flush=True)
+    time.sleep(0.2)
+PYEOF
+`;
+}
+
+function firstOkAfter(text: string, since: number): number | undefined {
+  for (const line of text.split('\n')) {
+    const [word, ms] = line.split(' ');
+    if (word === 'ok' && Number(ms) > since) return Number(ms);
+  }
+  return undefined;
+}
+
+describe('the fleet survives its members dying', () => {
+  let h: Harness;
+  let echo: { server: Server; port: number };
+  let redis: Awaited<ReturnType<typeof privateRedis>>;
+  let configPath: string;
+  let deps: FleetDeps;
+  const workers: WorkerProcess[] = [];
+
+  beforeAll(async () => {
+    redis = await privateRedis(DB);
+    h = await harness('allowed', {});
+    const raw = {
+      Network: {
+        SSH: {
+          ...h.site.siteConfig.Network.SSH,
+          Reverse: { ...h.site.siteConfig.Network.SSH.Reverse, PythonPath: PYTHON, WaitForForwards: '60s' },
+        },
+      },
+      Backhaul: {
+        Redis: { URL: redis.url },
+        KeepaliveInterval: '1s',
+        SocketCheckInterval: '2s',
+        LeaseTTL: '3s',
+        RetryBackoff: '200ms',
+      },
+    };
+    configPath = await writeConfig(h.workdir, 'fleet.yaml', raw);
+    const commands = createRedis(redis.url);
+    deps = fleetDeps(parseSiteConfig(raw), commands, silentLogger());
+    echo = await echoServer();
+  }, 120_000);
+
+  afterEach(async () => {
+    for (const w of workers.splice(0)) {
+      w.kill('SIGKILL');
+      await w.exited;
+    }
+    await cancelSubmittedJobs();
+  });
+
+  afterAll(async () => {
+    await deps?.queues.close();
+    deps?.redis.disconnect();
+    echo?.server.close();
+    h?.access.pool.close();
+    await h?.site.stop();
+    if (h) await rm(h.workdir, { recursive: true, force: true });
+    await redis?.close();
+  });
+
+  async function podState(podUid: string): Promise<string | undefined> {
+    return (await deps.store.load(podUid))?.state;
+  }
+
+  it('re-establishes all 20 shadows of a kill -9ed session host on another host within 15 s', async () => {
+    const control = startWorker(configPath, redis.url, 'control', 'control-1');
+    const first = startWorker(configPath, redis.url, 'session', 'host-first');
+    workers.push(control, first);
+    await Promise.all([workerStarted(control), workerStarted(first)]);
+
+    const pods = Array.from({ length: 20 }, (_, i) => ({ uid: uid(), port: 15300 + i }));
+    const outputs = new Map<string, string>();
+    for (const pod of pods) {
+      const forwards = `${pod.port}:127.0.0.1:${echo.port}`;
+      const plan = planFor(h, pod.uid, forwards);
+      const out = join(h.workdir, `${pod.uid}.out`);
+      outputs.set(pod.uid, out);
+      await sbatch(h.site.user, jobScript(h, plan, prober(pod.port)), { jobName: pod.uid, output: out });
+      await sendEvent(deps.queues, pod.uid, {
+        type: 'POD_UPSERT',
+        namespace: 'user',
+        name: `chaos-${pod.port}`,
+        annotations: { 'interlink.eu/reverse-forwards': forwards },
+        at: Date.now(),
+      });
+    }
+    // Every pod active, every lease held by the first host, every job getting through.
+    await waitFor(
+      '20 pods active',
+      async () => {
+        const states = await Promise.all(pods.map((p) => podState(p.uid)));
+        return states.every((s) => s === 'active') ? true : undefined;
+      },
+      120_000,
+    );
+    for (const pod of pods) expect((await deps.leases.get(pod.uid))?.holder).toBe('host-first');
+    await waitFor(
+      'jobs getting through',
+      async () => {
+        const texts = await Promise.all(pods.map((p) => readFile(outputs.get(p.uid) ?? '', 'utf8').catch(() => '')));
+        return texts.every((t) => firstOkAfter(t, 0) !== undefined) ? true : undefined;
+      },
+      60_000,
+    );
+
+    const second = startWorker(configPath, redis.url, 'session', 'host-second');
+    workers.push(second);
+    await workerStarted(second);
+    const killedAt = Date.now();
+    first.kill('SIGKILL');
+    await first.exited;
+
+    // Each job's own client gets through again, through the second host.
+    const recovered = await waitFor(
+      'every job through again',
+      async () => {
+        const texts = await Promise.all(pods.map((p) => readFile(outputs.get(p.uid) ?? '', 'utf8').catch(() => '')));
+        const times = texts.map((t) => firstOkAfter(t, killedAt + 500));
+        return times.every((t) => t !== undefined) ? (times as number[]) : undefined;
+      },
+      60_000,
+    );
+    const worst = Math.max(...recovered) - killedAt;
+    console.log(
+      `session host killed: 20 shadows back on another host after ${worst} ms (median ${recovered.sort((a, b) => a - b)[10]! - killedAt} ms)`,
+    );
+    expect(worst).toBeLessThan(15_000);
+    for (const pod of pods) expect((await deps.leases.get(pod.uid))?.holder).toBe('host-second');
+    for (const pod of pods) expect(await podState(pod.uid)).toBe('active');
+  }, 300_000);
+
+  it('retries the step of a kill -9ed control worker and keeps the machine consistent', async () => {
+    const control = startWorker(configPath, redis.url, 'control', 'control-a');
+    const session = startWorker(configPath, redis.url, 'session', 'host-s');
+    workers.push(control, session);
+    await Promise.all([workerStarted(control), workerStarted(session)]);
+    const podUid = uid();
+    const forwards = `15350:127.0.0.1:${echo.port}`;
+    await sbatch(h.site.user, jobScript(h, planFor(h, podUid, forwards), 'sleep 600\n'), { jobName: podUid });
+    await sendEvent(deps.queues, podUid, {
+      type: 'POD_UPSERT',
+      namespace: 'user',
+      name: 'control-kill',
+      annotations: { 'interlink.eu/reverse-forwards': forwards },
+      at: Date.now(),
+    });
+    await waitFor('active', async () => ((await podState(podUid)) === 'active' ? true : undefined), 60_000);
+
+    // Freeze the session host so the teardown step has to wait for the shadow: kill the control worker then.
+    session.kill('SIGSTOP');
+    await sendEvent(deps.queues, podUid, { type: 'TEARDOWN', reason: 'chaos', at: Date.now() });
+    const stored = await deps.store.load(podUid);
+    const generation = (stored?.snapshot as { context: { generation: number } }).context.generation;
+    const teardownJob = jobIds.step(podUid, 'teardown', generation);
+    await waitFor(
+      'teardown step running',
+      async () => {
+        const job = await deps.queues.steps.getJob(teardownJob);
+        return job && (await job.getState()) === 'active' ? true : undefined;
+      },
+      30_000,
+    );
+    control.kill('SIGKILL');
+    await control.exited;
+    session.kill('SIGCONT');
+
+    const again = startWorker(configPath, redis.url, 'control', 'control-b');
+    workers.push(again);
+    await workerStarted(again);
+    await waitFor(
+      'pod done and forgotten',
+      async () => ((await deps.store.load(podUid)) === null ? true : undefined),
+      60_000,
+    );
+    const history = await deps.store.history(podUid);
+    const transitions = history.map((e) => `${e.from}→${e.to}`);
+    // One teardown, entered once and finished once: nothing applied twice.
+    expect(transitions.filter((t) => t === 'active→tearingDown')).toHaveLength(1);
+    expect(transitions.filter((t) => t === 'tearingDown→done')).toHaveLength(1);
+    expect(await deps.leases.get(podUid)).toBeNull();
+  }, 180_000);
+});
