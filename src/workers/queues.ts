@@ -50,6 +50,8 @@ export function openQueues(connection: Redis, prefix?: string): FleetQueues {
   const events = new Queue<EventJobData>(QUEUE_NAMES.events, opts);
   const steps = new Queue<StepJobData>(QUEUE_NAMES.steps, opts);
   const sessions = new Queue<SessionJobData>(QUEUE_NAMES.sessions, opts);
+  // Connection errors are retried by ioredis and surface in the calls that fail; don't print each one.
+  for (const queue of [events, steps, sessions]) queue.on('error', () => undefined);
   return {
     events,
     steps,

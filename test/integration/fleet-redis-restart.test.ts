@@ -1,0 +1,167 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
+import type { Server } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { silentLogger } from '../../src/log.js';
+import { parseSiteConfig } from '../../src/spec/site-config.js';
+import { createRedis } from '../../src/store/redis.js';
+import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
+import { sendEvent } from '../../src/workers/queues.js';
+import {
+  echoServer,
+  type Harness,
+  harness,
+  jobScript,
+  PYTHON,
+  planFor,
+  uid,
+  waitFor,
+} from '../fixtures/shadow-harness.js';
+import { cancelSubmittedJobs, sbatch } from '../fixtures/slurm.js';
+import { freePort } from '../fixtures/sshd.js';
+import { startWorker, type WorkerProcess, workerStarted, writeConfig } from '../fixtures/worker-process.js';
+
+/** A private redis-server with AOF on (as redis/redis.conf has it for production), restartable on its port. */
+class PrivateRedis {
+  private child: ChildProcess | undefined;
+  constructor(
+    readonly port: number,
+    readonly dir: string,
+  ) {}
+  get url(): string {
+    return `redis://127.0.0.1:${this.port}`;
+  }
+  async start(): Promise<void> {
+    this.child = spawn(
+      'redis-server',
+      [
+        '--port',
+        String(this.port),
+        '--bind',
+        '127.0.0.1',
+        '--dir',
+        this.dir,
+        '--appendonly',
+        'yes',
+        '--appendfsync',
+        'always',
+        '--save',
+        '',
+        '--maxmemory-policy',
+        'noeviction',
+      ],
+      { stdio: 'ignore' },
+    );
+    const probe = createRedis(this.url, { kind: 'command' });
+    probe.on('error', () => undefined);
+    await waitFor('redis up', async () => ((await probe.ping().catch(() => '')) === 'PONG' ? true : undefined), 10_000);
+    probe.disconnect();
+  }
+  /** kill -9: nothing but the AOF survives. */
+  async crash(): Promise<void> {
+    const child = this.child;
+    if (!child || child.exitCode !== null) return;
+    const exited = new Promise((r) => child.once('exit', r));
+    child.kill('SIGKILL');
+    await exited;
+  }
+}
+
+describe('Redis restarts while pods are active', () => {
+  let h: Harness;
+  let echo: { server: Server; port: number };
+  let redis: PrivateRedis;
+  let deps: FleetDeps;
+  let configPath: string;
+  const workers: WorkerProcess[] = [];
+
+  beforeAll(async () => {
+    redis = new PrivateRedis(await freePort(), await mkdtemp(join(tmpdir(), 'bh-redis-')));
+    await redis.start();
+    h = await harness('allowed', {});
+    const raw = {
+      Network: {
+        SSH: {
+          ...h.site.siteConfig.Network.SSH,
+          Reverse: { ...h.site.siteConfig.Network.SSH.Reverse, PythonPath: PYTHON, WaitForForwards: '60s' },
+        },
+      },
+      Backhaul: {
+        Redis: { URL: redis.url },
+        KeepaliveInterval: '1s',
+        SocketCheckInterval: '2s',
+        LeaseTTL: '3s',
+        RetryBackoff: '200ms',
+      },
+    };
+    configPath = await writeConfig(h.workdir, 'fleet.yaml', raw);
+    const commands = createRedis(redis.url);
+    commands.on('error', () => undefined);
+    deps = fleetDeps(parseSiteConfig(raw), commands, silentLogger());
+    echo = await echoServer();
+  }, 120_000);
+
+  afterAll(async () => {
+    for (const w of workers) {
+      w.kill('SIGKILL');
+      await w.exited;
+    }
+    await cancelSubmittedJobs();
+    await deps?.queues.close().catch(() => undefined);
+    deps?.redis.disconnect();
+    await redis?.crash();
+    if (redis) await rm(redis.dir, { recursive: true, force: true });
+    echo?.server.close();
+    h?.access.pool.close();
+    await h?.site.stop();
+    if (h) await rm(h.workdir, { recursive: true, force: true });
+  });
+
+  async function submit(podUid: string, port: number, name: string): Promise<void> {
+    const forwards = `${port}:127.0.0.1:${echo.port}`;
+    await sbatch(h.site.user, jobScript(h, planFor(h, podUid, forwards), 'sleep 600\n'), { jobName: podUid });
+    await sendEvent(deps.queues, podUid, {
+      type: 'POD_UPSERT',
+      namespace: 'user',
+      name,
+      annotations: { 'interlink.eu/reverse-forwards': forwards },
+      at: Date.now(),
+    });
+  }
+
+  const state = async (podUid: string) => (await deps.store.load(podUid).catch(() => null))?.state;
+
+  it('the fleet reconnects and carries on; no pod is lost', async () => {
+    const worker = startWorker(configPath, redis.url, 'control,session', 'host-r');
+    workers.push(worker);
+    await workerStarted(worker);
+    const pods = [uid(), uid(), uid()];
+    await Promise.all(pods.map((p, i) => submit(p, 15400 + i, `redis-${i}`)));
+    await waitFor(
+      'pods active',
+      async () => ((await Promise.all(pods.map(state))).every((s) => s === 'active') ? true : undefined),
+      90_000,
+    );
+
+    await redis.crash();
+    await new Promise((r) => setTimeout(r, 2_000));
+    await redis.start();
+
+    // Every pod is still known and active after the restart (the AOF kept them; the fleet kept its shadows).
+    for (const p of pods) expect(await state(p)).toBe('active');
+    // The fleet carries on: a delete is torn down, a new pod comes up.
+    await sendEvent(deps.queues, pods[0] ?? '', { type: 'POD_DELETED', at: Date.now() });
+    const fresh = uid();
+    await submit(fresh, 15410, 'after-restart');
+    await waitFor(
+      'deleted pod forgotten',
+      async () => ((await deps.store.load(pods[0] ?? '')) === null ? true : undefined),
+      60_000,
+    );
+    await waitFor('new pod active', async () => ((await state(fresh)) === 'active' ? true : undefined), 90_000);
+    for (const p of pods.slice(1)) expect(await state(p)).toBe('active');
+    expect(worker.child.exitCode).toBeNull();
+  }, 300_000);
+});
