@@ -176,6 +176,57 @@ describe('the fleet survives its members dying', () => {
     for (const pod of pods) expect(await podState(pod.uid)).toBe('active');
   }, 300_000);
 
+  it('a session host stopped with SIGTERM hands its shadows over at once and exits 0', async () => {
+    const control = startWorker(configPath, redis.url, 'control', 'control-t');
+    const leaving = startWorker(configPath, redis.url, 'session', 'host-leaving');
+    workers.push(control, leaving);
+    await Promise.all([workerStarted(control), workerStarted(leaving)]);
+    const pods = Array.from({ length: 3 }, (_, i) => ({ uid: uid(), port: 15360 + i }));
+    const outputs = new Map<string, string>();
+    for (const pod of pods) {
+      const forwards = `${pod.port}:127.0.0.1:${echo.port}`;
+      const out = join(h.workdir, `${pod.uid}.out`);
+      outputs.set(pod.uid, out);
+      await sbatch(h.site.user, jobScript(h, planFor(h, pod.uid, forwards), prober(pod.port)), {
+        jobName: pod.uid,
+        output: out,
+      });
+      await sendEvent(deps.queues, pod.uid, {
+        type: 'POD_UPSERT',
+        namespace: 'user',
+        name: `term-${pod.port}`,
+        annotations: { 'interlink.eu/reverse-forwards': forwards },
+        at: Date.now(),
+      });
+    }
+    await waitFor(
+      'pods active',
+      async () => {
+        const states = await Promise.all(pods.map((p) => podState(p.uid)));
+        return states.every((s) => s === 'active') ? true : undefined;
+      },
+      90_000,
+    );
+    const staying = startWorker(configPath, redis.url, 'session', 'host-staying');
+    workers.push(staying);
+    await workerStarted(staying);
+    const stoppedAt = Date.now();
+    leaving.kill('SIGTERM');
+    expect(await leaving.exited).toBe(0);
+    const recovered = await waitFor(
+      'every job through again',
+      async () => {
+        const texts = await Promise.all(pods.map((p) => readFile(outputs.get(p.uid) ?? '', 'utf8').catch(() => '')));
+        const times = texts.map((t) => firstOkAfter(t, stoppedAt + 200));
+        return times.every((t) => t !== undefined) ? (times as number[]) : undefined;
+      },
+      30_000,
+    );
+    // No lease to wait out and no stall to detect: the other host starts at once.
+    expect(Math.max(...recovered) - stoppedAt).toBeLessThan(6_000);
+    for (const pod of pods) expect((await deps.leases.get(pod.uid))?.holder).toBe('host-staying');
+  }, 180_000);
+
   it('retries the step of a kill -9ed control worker and keeps the machine consistent', async () => {
     const control = startWorker(configPath, redis.url, 'control', 'control-a');
     const session = startWorker(configPath, redis.url, 'session', 'host-s');

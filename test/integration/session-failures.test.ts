@@ -20,7 +20,10 @@ import { cancelSubmittedJobs, sbatch, waitForState } from '../fixtures/slurm.js'
 
 /** A server that answers every connection with its own name: shows which endpoint a socket reached. */
 async function nameServer(name: string): Promise<{ server: Server; port: number }> {
-  const server = createServer((socket) => socket.end(`${name}\n`));
+  const server = createServer((socket) => {
+    socket.on('error', () => undefined);
+    socket.end(`${name}\n`);
+  });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   const address = server.address();
   if (!address || typeof address === 'string') throw new Error('no port');
