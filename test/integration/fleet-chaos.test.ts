@@ -1,25 +1,12 @@
-import { readFile, rm } from 'node:fs/promises';
-import type { Server } from 'node:net';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { silentLogger } from '../../src/log.js';
-import { parseSiteConfig } from '../../src/spec/site-config.js';
-import { createRedis } from '../../src/store/redis.js';
-import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
+import type { FleetDeps } from '../../src/workers/fleet-deps.js';
 import { jobIds, sendEvent } from '../../src/workers/queues.js';
-import { privateRedis } from '../fixtures/fleet-harness.js';
-import {
-  echoServer,
-  type Harness,
-  harness,
-  jobScript,
-  PYTHON,
-  planFor,
-  uid,
-  waitFor,
-} from '../fixtures/shadow-harness.js';
+import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
+import { type Harness, jobScript, PYTHON, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, sbatch } from '../fixtures/slurm.js';
-import { startWorker, type WorkerProcess, workerStarted, writeConfig } from '../fixtures/worker-process.js';
+import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 const DB = 4;
 
@@ -56,8 +43,9 @@ function firstOkAfter(text: string, since: number): number | undefined {
 }
 
 describe('the fleet survives its members dying', () => {
+  let site: ProcessFleetSite;
   let h: Harness;
-  let echo: { server: Server; port: number };
+  let echo: ProcessFleetSite['echo'];
   let redis: Awaited<ReturnType<typeof privateRedis>>;
   let configPath: string;
   let deps: FleetDeps;
@@ -65,26 +53,8 @@ describe('the fleet survives its members dying', () => {
 
   beforeAll(async () => {
     redis = await privateRedis(DB);
-    h = await harness('allowed', {});
-    const raw = {
-      Network: {
-        SSH: {
-          ...h.site.siteConfig.Network.SSH,
-          Reverse: { ...h.site.siteConfig.Network.SSH.Reverse, PythonPath: PYTHON, WaitForForwards: '60s' },
-        },
-      },
-      Backhaul: {
-        Redis: { URL: redis.url },
-        KeepaliveInterval: '1s',
-        SocketCheckInterval: '2s',
-        LeaseTTL: '3s',
-        RetryBackoff: '200ms',
-      },
-    };
-    configPath = await writeConfig(h.workdir, 'fleet.yaml', raw);
-    const commands = createRedis(redis.url);
-    deps = fleetDeps(parseSiteConfig(raw), commands, silentLogger());
-    echo = await echoServer();
+    site = await processFleetSite(redis.url);
+    ({ h, configPath, deps, echo } = site);
   }, 120_000);
 
   afterEach(async () => {
@@ -96,12 +66,7 @@ describe('the fleet survives its members dying', () => {
   });
 
   afterAll(async () => {
-    await deps?.queues.close();
-    deps?.redis.disconnect();
-    echo?.server.close();
-    h?.access.pool.close();
-    await h?.site.stop();
-    if (h) await rm(h.workdir, { recursive: true, force: true });
+    await site?.close();
     await redis?.close();
   });
 
@@ -118,18 +83,9 @@ describe('the fleet survives its members dying', () => {
     const pods = Array.from({ length: 20 }, (_, i) => ({ uid: uid(), port: 15300 + i }));
     const outputs = new Map<string, string>();
     for (const pod of pods) {
-      const forwards = `${pod.port}:127.0.0.1:${echo.port}`;
-      const plan = planFor(h, pod.uid, forwards);
       const out = join(h.workdir, `${pod.uid}.out`);
       outputs.set(pod.uid, out);
-      await sbatch(h.site.user, jobScript(h, plan, prober(pod.port)), { jobName: pod.uid, output: out });
-      await sendEvent(deps.queues, pod.uid, {
-        type: 'POD_UPSERT',
-        namespace: 'user',
-        name: `chaos-${pod.port}`,
-        annotations: { 'interlink.eu/reverse-forwards': forwards },
-        at: Date.now(),
-      });
+      await submitPod(site, pod.uid, `chaos-${pod.port}`, `${pod.port}:127.0.0.1:${echo.port}`, prober(pod.port), out);
     }
     // Every pod active, every lease held by the first host, every job getting through.
     await waitFor(
@@ -233,15 +189,7 @@ describe('the fleet survives its members dying', () => {
     workers.push(control, session);
     await Promise.all([workerStarted(control), workerStarted(session)]);
     const podUid = uid();
-    const forwards = `15350:127.0.0.1:${echo.port}`;
-    await sbatch(h.site.user, jobScript(h, planFor(h, podUid, forwards), 'sleep 600\n'), { jobName: podUid });
-    await sendEvent(deps.queues, podUid, {
-      type: 'POD_UPSERT',
-      namespace: 'user',
-      name: 'control-kill',
-      annotations: { 'interlink.eu/reverse-forwards': forwards },
-      at: Date.now(),
-    });
+    await submitPod(site, podUid, 'control-kill', `15350:127.0.0.1:${echo.port}`, 'sleep 600\n');
     await waitFor('active', async () => ((await podState(podUid)) === 'active' ? true : undefined), 60_000);
 
     // Freeze the session host so the teardown step has to wait for the shadow: kill the control worker then.

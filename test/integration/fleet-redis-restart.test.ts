@@ -1,27 +1,16 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
-import type { Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { silentLogger } from '../../src/log.js';
-import { parseSiteConfig } from '../../src/spec/site-config.js';
 import { createRedis } from '../../src/store/redis.js';
-import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
+import type { FleetDeps } from '../../src/workers/fleet-deps.js';
 import { sendEvent } from '../../src/workers/queues.js';
-import {
-  echoServer,
-  type Harness,
-  harness,
-  jobScript,
-  PYTHON,
-  planFor,
-  uid,
-  waitFor,
-} from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch } from '../fixtures/slurm.js';
+import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
+import { uid, waitFor } from '../fixtures/shadow-harness.js';
+import { cancelSubmittedJobs } from '../fixtures/slurm.js';
 import { freePort } from '../fixtures/sshd.js';
-import { startWorker, type WorkerProcess, workerStarted, writeConfig } from '../fixtures/worker-process.js';
+import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 /** A private redis-server with AOF on (as redis/redis.conf has it for production), restartable on its port. */
 class PrivateRedis {
@@ -70,37 +59,16 @@ class PrivateRedis {
 }
 
 describe('Redis restarts while pods are active', () => {
-  let h: Harness;
-  let echo: { server: Server; port: number };
+  let site: ProcessFleetSite;
   let redis: PrivateRedis;
   let deps: FleetDeps;
-  let configPath: string;
   const workers: WorkerProcess[] = [];
 
   beforeAll(async () => {
     redis = new PrivateRedis(await freePort(), await mkdtemp(join(tmpdir(), 'bh-redis-')));
     await redis.start();
-    h = await harness('allowed', {});
-    const raw = {
-      Network: {
-        SSH: {
-          ...h.site.siteConfig.Network.SSH,
-          Reverse: { ...h.site.siteConfig.Network.SSH.Reverse, PythonPath: PYTHON, WaitForForwards: '60s' },
-        },
-      },
-      Backhaul: {
-        Redis: { URL: redis.url },
-        KeepaliveInterval: '1s',
-        SocketCheckInterval: '2s',
-        LeaseTTL: '3s',
-        RetryBackoff: '200ms',
-      },
-    };
-    configPath = await writeConfig(h.workdir, 'fleet.yaml', raw);
-    const commands = createRedis(redis.url);
-    commands.on('error', () => undefined);
-    deps = fleetDeps(parseSiteConfig(raw), commands, silentLogger());
-    echo = await echoServer();
+    site = await processFleetSite(redis.url);
+    deps = site.deps;
   }, 120_000);
 
   afterAll(async () => {
@@ -109,32 +77,18 @@ describe('Redis restarts while pods are active', () => {
       await w.exited;
     }
     await cancelSubmittedJobs();
-    await deps?.queues.close().catch(() => undefined);
-    deps?.redis.disconnect();
+    await site?.close();
     await redis?.crash();
     if (redis) await rm(redis.dir, { recursive: true, force: true });
-    echo?.server.close();
-    h?.access.pool.close();
-    await h?.site.stop();
-    if (h) await rm(h.workdir, { recursive: true, force: true });
   });
 
-  async function submit(podUid: string, port: number, name: string): Promise<void> {
-    const forwards = `${port}:127.0.0.1:${echo.port}`;
-    await sbatch(h.site.user, jobScript(h, planFor(h, podUid, forwards), 'sleep 600\n'), { jobName: podUid });
-    await sendEvent(deps.queues, podUid, {
-      type: 'POD_UPSERT',
-      namespace: 'user',
-      name,
-      annotations: { 'interlink.eu/reverse-forwards': forwards },
-      at: Date.now(),
-    });
-  }
+  const submit = (podUid: string, port: number, name: string) =>
+    submitPod(site, podUid, name, `${port}:127.0.0.1:${site.echo.port}`, 'sleep 600\n');
 
   const state = async (podUid: string) => (await deps.store.load(podUid).catch(() => null))?.state;
 
   it('the fleet reconnects and carries on; no pod is lost', async () => {
-    const worker = startWorker(configPath, redis.url, 'control,session', 'host-r');
+    const worker = startWorker(site.configPath, redis.url, 'control,session', 'host-r');
     workers.push(worker);
     await workerStarted(worker);
     const pods = [uid(), uid(), uid()];

@@ -1,0 +1,530 @@
+import { execFile, spawn } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import type { Server } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { stringify as toYaml } from 'yaml';
+import type { SessionPlan } from '../../src/render/session-plan.js';
+import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
+import type { RunningFleet } from '../../src/workers/fleet.js';
+import { jobIds } from '../../src/workers/queues.js';
+import { inProcessFleet, privateRedis, waitForPodState } from '../fixtures/fleet-harness.js';
+import { bullEntriesNaming, keysNaming } from '../fixtures/leftovers.js';
+import { type LoopbackSite, startLoopbackSite } from '../fixtures/loopback-site.js';
+import {
+  echoServer,
+  exists,
+  type Harness,
+  jobScript,
+  PYTHON,
+  planFor,
+  uid,
+  userProcesses,
+  waitFor,
+} from '../fixtures/shadow-harness.js';
+import { cancelSubmittedJobs, jobState, sbatch, scancel, stepsOf, waitForState } from '../fixtures/slurm.js';
+
+/**
+ * The built `backhaul` command (`npm run build` first) against an in-process fleet on the loopback
+ * site: submit, status, list, teardown, delete and retry as an operator runs them.
+ *
+ * The site's node sshd refuses forwarding. The fleet runs the user-space sshd through `srun` (which
+ * works there, and whose carrier is a Slurm step, so "no extra step" means something); the retry test
+ * briefly runs a fleet configured for the node's own sshd, whose sessions fail permanently.
+ */
+
+const DB = 7;
+const BIN = new URL('../../bin/backhaul.js', import.meta.url).pathname;
+
+interface Run {
+  code: number;
+  stdout: string;
+  stderr: string;
+  ms: number;
+}
+
+/** A clean environment: no BACKHAUL_CONFIG or REDIS_URL from the caller's shell. */
+function cliEnv(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  const clean = { ...process.env };
+  delete clean.BACKHAUL_CONFIG;
+  delete clean.REDIS_URL;
+  delete clean.BACKHAUL_LOG_LEVEL;
+  return { ...clean, ...env };
+}
+
+function backhaul(args: string[], env: NodeJS.ProcessEnv = {}): Promise<Run> {
+  const started = Date.now();
+  return new Promise((resolve) => {
+    execFile('node', [BIN, ...args], { env: cliEnv(env), timeout: 120_000 }, (err, stdout, stderr) => {
+      const code = err ? (typeof err.code === 'number' ? err.code : 1) : 0;
+      resolve({ code, stdout, stderr, ms: Date.now() - started });
+    });
+  });
+}
+
+function rawConfig(site: LoopbackSite, redisUrl: string, reverse: Record<string, unknown>) {
+  return {
+    Network: {
+      SSH: {
+        ...site.siteConfig.Network.SSH,
+        Reverse: { ...site.siteConfig.Network.SSH.Reverse, PythonPath: PYTHON, WaitForForwards: '60s', ...reverse },
+      },
+    },
+    Backhaul: {
+      Redis: { URL: redisUrl },
+      KeepaliveInterval: '1s',
+      SocketCheckInterval: '1s',
+      LeaseTTL: '3s',
+      RetryBackoff: '200ms',
+      RetryLimit: 3,
+    },
+  };
+}
+
+/** A line of `status`'s table, split at runs of two or more spaces. */
+function row(table: string, pod: string): string[] | undefined {
+  return table
+    .split('\n')
+    .map((line) => line.split(/ {2,}/))
+    .find((cells) => cells[0] === pod);
+}
+
+describe('backhaul submit / status / list / teardown / delete / retry against a running fleet', () => {
+  let redis: Awaited<ReturnType<typeof privateRedis>>;
+  let site: LoopbackSite;
+  let dir: string;
+  let configPath: string;
+  let srunConfig: SiteConfig;
+  let nodeConfig: SiteConfig;
+  let fleet: RunningFleet & { redis: Redis };
+  let echo: { server: Server; port: number };
+  let h: Harness;
+
+  /** The pod of the submit test, used by the status and teardown tests after it. */
+  const web = { uid: uid(), name: 'web', jobId: '', plan: undefined as SessionPlan | undefined };
+
+  async function podFile(name: string, podUid: string | undefined, annotations: Record<string, string>) {
+    const path = join(dir, `${name}.yaml`);
+    const metadata = { name, namespace: 'user', ...(podUid ? { uid: podUid } : {}), annotations };
+    await writeFile(path, toYaml({ apiVersion: 'v1', kind: 'Pod', metadata, spec: { containers: [] } }));
+    return path;
+  }
+
+  const cli = (...args: string[]) => backhaul([...args, '--config', configPath]);
+
+  async function podState(podUid: string): Promise<string | null> {
+    return (await fleet.deps.store.load(podUid))?.state ?? null;
+  }
+
+  /** Everything a forgotten pod must not leave behind (DESIGN §6). */
+  async function expectNothingLeft(podUid: string, name: string, plan: SessionPlan, jobId: string): Promise<void> {
+    expect(await podState(podUid)).toBeNull();
+    expect(await keysNaming(redis.redis, podUid)).toEqual([`bh:hist:${podUid}`]);
+    expect(await redis.redis.ttl(`bh:hist:${podUid}`)).toBeGreaterThan(0);
+    expect(await bullEntriesNaming(redis.redis, podUid)).toEqual([]);
+    expect(await redis.redis.zscore('bh:leases', podUid)).toBeNull();
+    expect(await redis.redis.hget('bh:pods:by-name', `user/${name}`)).toBeNull();
+    for (const f of plan.forwards) expect(await exists(f.socketPath)).toBe(false);
+    await waitFor(
+      'no carrier process of the job user',
+      async () => ((await userProcesses(site.user.name, `${plan.socketDir}/carrier`)).length === 0 ? true : undefined),
+      10_000,
+    );
+    await waitFor(
+      'no carrier step',
+      async () => ((await stepsOf(jobId)).filter((s) => !/\.(batch|extern)$/.test(s)).length === 0 ? true : undefined),
+      10_000,
+    );
+    // The pod itself (its Slurm job) is not ours to end.
+    expect((await jobState(jobId)).state).toBe('RUNNING');
+  }
+
+  beforeAll(async () => {
+    redis = await privateRedis(DB);
+    site = await startLoopbackSite({ nodeForwarding: 'refused' });
+    dir = await mkdtemp(join(tmpdir(), 'bh-cli-fleet-'));
+    const srun = rawConfig(site, redis.url, { Sshd: 'userspace', NodeExec: 'srun' });
+    srunConfig = parseSiteConfig(srun);
+    nodeConfig = parseSiteConfig(rawConfig(site, redis.url, { Sshd: 'node', NodeExec: 'ssh' }));
+    configPath = join(dir, 'site.yaml');
+    await writeFile(configPath, toYaml(srun));
+    h = { site, config: srunConfig } as unknown as Harness;
+    fleet = await inProcessFleet(srunConfig, redis.url, ['control', 'session'], 'cli-host');
+    echo = await echoServer();
+  }, 120_000);
+
+  afterAll(async () => {
+    await cancelSubmittedJobs().catch(() => undefined);
+    await fleet?.stop();
+    echo?.server.close();
+    await site?.stop();
+    if (dir) await rm(dir, { recursive: true, force: true });
+    await redis?.close();
+  });
+
+  it('submit refuses a pod with a bad annotation: exit 2, the annotation named, nothing stored', async () => {
+    const cases: [string, Record<string, string>, string[]][] = [
+      [
+        'low-port',
+        { 'interlink.eu/reverse-forwards': 'kubernetes.default.svc.cluster.local:443' },
+        ['interlink.eu/reverse-forwards', '"kubernetes.default.svc.cluster.local:443"', ':kubernetes.default.svc'],
+      ],
+      ['udp', { 'interlink.eu/reverse-forwards': 'dns:5353/udp' }, ['interlink.eu/reverse-forwards', 'udp']],
+      [
+        'socks',
+        { 'interlink.eu/reverse-forwards': 'minio:9000', 'interlink.eu/reverse-socks-port': '11080' },
+        ['interlink.eu/reverse-socks-port'],
+      ],
+      ['none', {}, ['interlink.eu/reverse-']],
+    ];
+    const uids: string[] = [];
+    for (const [name, annotations, messages] of cases) {
+      const podUid = uid();
+      uids.push(podUid);
+      const run = await cli('submit', await podFile(name, podUid, annotations));
+      expect(run.code, `${name}: ${run.stderr}`).toBe(2);
+      expect(run.stdout).toBe('');
+      for (const message of messages) expect(run.stderr, name).toContain(message);
+      expect(run.stderr.trim().split('\n')).toHaveLength(1);
+    }
+    await new Promise((r) => setTimeout(r, 500));
+    for (const podUid of uids) {
+      expect(await keysNaming(redis.redis, podUid)).toEqual([]);
+      expect(await bullEntriesNaming(redis.redis, podUid)).toEqual([]);
+    }
+    expect(await redis.redis.zcard('bh:pods')).toBe(0);
+    expect(await redis.redis.hlen('bh:pods:by-name')).toBe(0);
+  }, 60_000);
+
+  it('submit --wait prints the states as they happen and exits 0 once the pod is active', async () => {
+    const forwards = `15500:127.0.0.1:${echo.port}`;
+    web.plan = planFor(h, web.uid, forwards);
+    const path = await podFile(web.name, web.uid, { 'interlink.eu/reverse-forwards': forwards });
+    const child = spawn('node', [BIN, 'submit', path, '--wait', '--timeout', '120', '--config', configPath], {
+      env: cliEnv({}),
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (chunk: Buffer) => {
+      stdout += chunk.toString();
+    });
+    child.stderr.on('data', (chunk: Buffer) => {
+      stderr += chunk.toString();
+    });
+    const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+    try {
+      // No Slurm job yet: the pod waits for a batch host, and the command says so while it waits.
+      await waitFor('waitingBatchHost on stdout', () => stdout.includes('→ waitingBatchHost'), 45_000);
+      expect(child.exitCode).toBeNull();
+      expect(stdout).not.toContain('→ active');
+      web.jobId = await sbatch(site.user, jobScript(h, web.plan, 'sleep 600\n'), { jobName: web.uid });
+      const code = await exited;
+      expect(code, stderr).toBe(0);
+    } finally {
+      child.kill();
+    }
+    const lines = stdout.trim().split('\n');
+    expect(lines[0]).toBe(`submitted user/web ${web.uid}`);
+    const order = ['validating', 'rendering', 'launchingShadow', 'waitingBatchHost', 'active'].map((state) =>
+      lines.findIndex((line) => line.includes(`→ ${state}`)),
+    );
+    expect(order.every((i) => i > 0)).toBe(true);
+    expect([...order].sort((a, b) => a - b)).toEqual(order);
+    expect(lines.at(-1)).toMatch(/FORWARDS_READY +\w+ → active$/);
+    expect(await podState(web.uid)).toBe('active');
+  }, 120_000);
+
+  it('status, status POD, --json and list show the pod, its timeline, lease and jobs', async () => {
+    expect(await podState(web.uid)).toBe('active');
+
+    const table = await cli('status');
+    expect(table.code, table.stderr).toBe(0);
+    expect(table.stdout.split('\n')[0]?.split(/ {2,}/)).toEqual([
+      'POD',
+      'STATE',
+      'AGE',
+      'ATTEMPTS',
+      'HOST',
+      'LAST ERROR',
+    ]);
+    expect(row(table.stdout, 'user/web')).toEqual([
+      'user/web',
+      'active',
+      expect.stringMatching(/^\d+[smhd]$/),
+      '0',
+      'cli-host',
+      '-',
+    ]);
+
+    for (const ref of ['user/web', web.uid]) {
+      const detail = await cli('status', ref);
+      expect(detail.code, detail.stderr).toBe(0);
+      expect(detail.stdout).toContain('pod         user/web\n');
+      expect(detail.stdout).toContain(`uid         ${web.uid}\n`);
+      expect(detail.stdout).toMatch(/state {7}active for \d+[smhd]\n/);
+      expect(detail.stdout).toMatch(/generation {2}1 \(attempts 0\)\n/);
+      expect(detail.stdout).toMatch(new RegExp(`job {9}${web.jobId} on bhnode1\\n`));
+      expect(detail.stdout).toMatch(/lease {7}cli-host, generation 1, expires in \d+s\n/);
+      expect(detail.stdout).toContain(`  ${jobIds.session(web.uid, 1)}  active`);
+      expect(detail.stdout).toContain(`  ${jobIds.step(web.uid, 'launch', 1)}  completed`);
+      expect(detail.stdout).toContain('\ntimeline\n');
+      expect(detail.stdout).toMatch(/ FORWARDS_READY +\w+ → active\n/);
+    }
+
+    const all = await cli('status', '--json');
+    expect(all.code, all.stderr).toBe(0);
+    const array = JSON.parse(all.stdout) as Record<string, unknown>[];
+    expect(Array.isArray(array)).toBe(true);
+    expect(array.find((p) => p.uid === web.uid)).toMatchObject({
+      namespace: 'user',
+      name: 'web',
+      state: 'active',
+      generation: 1,
+      attempts: 0,
+      host: 'cli-host',
+      lastError: null,
+      snapshotError: null,
+    });
+
+    const one = await cli('status', 'user/web', '--json');
+    expect(one.code, one.stderr).toBe(0);
+    const pod = JSON.parse(one.stdout);
+    expect(pod).toMatchObject({
+      uid: web.uid,
+      namespace: 'user',
+      name: 'web',
+      state: 'active',
+      generation: 1,
+      attempts: 0,
+      host: 'cli-host',
+      lastError: null,
+      jobId: web.jobId,
+      batchHost: 'bhnode1',
+      lease: { holder: 'cli-host', generation: 1 },
+    });
+    expect(pod.history.map((e: { to: string }) => e.to)).toEqual(
+      expect.arrayContaining(['validating', 'rendering', 'launchingShadow', 'waitingBatchHost', 'active']),
+    );
+    expect(pod.steps.map((s: { id: string }) => s.id)).toContain(jobIds.session(web.uid, 1));
+
+    const list = await cli('list');
+    expect(list.code, list.stderr).toBe(0);
+    expect(list.stdout).toContain(`user/web\t${web.uid}\tactive\n`);
+    const listJson = await cli('list', '--json');
+    expect(listJson.code, listJson.stderr).toBe(0);
+    expect(JSON.parse(listJson.stdout)).toContainEqual({
+      uid: web.uid,
+      namespace: 'user',
+      name: 'web',
+      state: 'active',
+    });
+  }, 90_000);
+
+  it('exit codes: an unknown pod is 1 with a message, bad usage is 2', async () => {
+    const unknownName = await cli('status', 'user/nobody');
+    expect(unknownName.code).toBe(1);
+    expect(unknownName.stderr).toBe('backhaul: no pod user/nobody is known to backhaul\n');
+    const unknownUid = uid();
+    for (const args of [
+      ['status', unknownUid],
+      ['status', unknownUid, '--json'],
+      ['teardown', unknownUid],
+      ['retry', unknownUid],
+      ['delete', unknownUid],
+    ]) {
+      const run = await cli(...args);
+      expect(run.code, args.join(' ')).toBe(1);
+      expect(run.stderr).toBe(`backhaul: no pod with UID ${unknownUid} is known to backhaul\n`);
+      expect(run.stdout).toBe('');
+    }
+    for (const args of [
+      ['status', 'user/web', 'extra'],
+      ['status', '--bogus'],
+      ['list', 'extra'],
+      ['retry'],
+      ['teardown'],
+      ['submit'],
+      ['submit', join(dir, 'missing.yaml')],
+    ]) {
+      const run = await cli(...args);
+      expect(run.code, `${args.join(' ')}: ${run.stderr}`).toBe(2);
+      expect(run.stderr).not.toBe('');
+    }
+    const noConfig = await backhaul(['status']);
+    expect(noConfig.code).toBe(2);
+    expect(noConfig.stderr).toContain('no site configuration');
+  }, 120_000);
+
+  it('exit 1, one clear line and no stack trace when Redis cannot be reached, quickly', async () => {
+    const reachable = await cli('list');
+    expect(reachable.code).toBe(0);
+    const run = await cli('status', '--redis', 'redis://:hunter2@127.0.0.1:1');
+    expect(run.code).toBe(1);
+    expect(run.stdout).toBe('');
+    expect(run.stderr).toMatch(/^backhaul: cannot reach Redis at redis:\/\/\S*127\.0\.0\.1:1\b.*ECONNREFUSED/);
+    expect(run.stderr.trim().split('\n')).toHaveLength(1);
+    expect(run.stderr).not.toContain('hunter2');
+    // The same command against a reachable Redis, plus a little: no long retries.
+    expect(run.ms).toBeLessThan(reachable.ms + 3_000);
+    const viaEnv = await backhaul(['list', '--config', configPath], { REDIS_URL: 'redis://127.0.0.1:1' });
+    expect(viaEnv.code).toBe(1);
+    expect(viaEnv.stderr).toContain('cannot reach Redis at redis://127.0.0.1:1');
+  }, 60_000);
+
+  it('shows a snapshot of an unknown machine version as unreadable, and does not send it events', async () => {
+    const future = uid();
+    await fleet.deps.store.create(future, {
+      snapshot: { version: 999, state: 'hovering', context: { uid: future } },
+      version: 999,
+      state: 'hovering',
+      namespace: 'user',
+      name: 'future',
+      history: { at: Date.now() - 5_000, event: 'POD_UPSERT', from: '', to: 'hovering' },
+    });
+    try {
+      const table = await cli('status');
+      expect(table.code, table.stderr).toBe(0);
+      const cells = row(table.stdout, 'user/future');
+      expect(cells?.[1]).toBe('hovering (unreadable)');
+      expect(cells?.[5]).toContain('stored with machine version 999; this build runs version 1');
+      // The other pods are shown as ever.
+      expect(row(table.stdout, 'user/web')?.[1]).toBe('active');
+
+      const detail = await cli('status', 'user/future');
+      expect(detail.code, detail.stderr).toBe(0);
+      expect(detail.stdout).toContain('snapshot    unreadable by this build: stored with machine version 999');
+      expect(detail.stdout).toContain('POD_UPSERT');
+
+      const json = await cli('status', 'user/future', '--json');
+      expect(json.code, json.stderr).toBe(0);
+      expect(JSON.parse(json.stdout)).toMatchObject({
+        uid: future,
+        namespace: 'user',
+        name: 'future',
+        state: 'hovering',
+        generation: null,
+        attempts: null,
+        host: null,
+        lastError: null,
+        snapshotError: expect.stringContaining('machine version 999'),
+        history: [expect.objectContaining({ event: 'POD_UPSERT', to: 'hovering' })],
+      });
+      const all = JSON.parse((await cli('status', '--json')).stdout) as { uid: string; snapshotError: string }[];
+      expect(all.find((p) => p.uid === future)?.snapshotError).toContain('machine version 999');
+      expect((await cli('list')).stdout).toContain(`user/future\t${future}\thovering\n`);
+
+      // An event for it could only fail in the control worker: the command says why instead.
+      for (const verb of ['teardown', 'retry', 'delete']) {
+        const run = await cli(verb, 'user/future');
+        expect(run.code, verb).toBe(1);
+        expect(run.stderr).toContain('machine version 999');
+      }
+      expect(await bullEntriesNaming(redis.redis, future)).toEqual([]);
+    } finally {
+      await fleet.deps.store.remove(future, 1);
+    }
+  }, 90_000);
+
+  it('teardown POD: the tunnel goes, the pod is forgotten, nothing but its history is left', async () => {
+    const plan = web.plan;
+    if (!plan) throw new Error('the submit test did not run');
+    expect(await podState(web.uid)).toBe('active');
+    expect((await stepsOf(web.jobId)).filter((s) => !/\.(batch|extern)$/.test(s))).toHaveLength(1);
+    expect(await userProcesses(site.user.name, `${plan.socketDir}/carrier`)).not.toEqual([]);
+    const run = await cli('teardown', 'user/web', '--reason', 'maintenance');
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stdout).toBe(`tearing down user/web (${web.uid})\n`);
+    await waitFor(
+      'the pod to be forgotten',
+      async () => ((await podState(web.uid)) === null ? true : undefined),
+      30_000,
+    );
+    await expectNothingLeft(web.uid, web.name, plan, web.jobId);
+    const history = await fleet.deps.store.history(web.uid);
+    expect(history.find((e) => e.event === 'TEARDOWN')).toMatchObject({
+      from: 'active',
+      to: 'tearingDown',
+      detail: 'maintenance',
+    });
+    expect(history.at(-1)).toMatchObject({ from: 'tearingDown', to: 'done' });
+    await scancel(web.jobId);
+  }, 90_000);
+
+  it('delete POD --wait: follows the teardown until the pod is forgotten, and leaves nothing', async () => {
+    const podUid = uid();
+    const forwards = `15501:127.0.0.1:${echo.port}`;
+    const plan = planFor(h, podUid, forwards);
+    const jobId = await sbatch(site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
+    await waitForState(jobId, ['RUNNING'], 30_000);
+    const submitted = await cli(
+      'submit',
+      await podFile(plan.name, podUid, { 'interlink.eu/reverse-forwards': forwards }),
+    );
+    expect(submitted.code, submitted.stderr).toBe(0);
+    await waitForPodState(fleet, podUid, 'active', 60_000);
+    const run = await cli('delete', `user/${plan.name}`, '--wait', '--timeout', '60');
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stdout).toContain(`deleting user/${plan.name} (${podUid})\n`);
+    expect(run.stdout).toMatch(/POD_DELETED +active → tearingDown/);
+    expect(run.stdout).toMatch(/STEP_DONE +tearingDown → done/);
+    await expectNothingLeft(podUid, plan.name, plan, jobId);
+    expect((await cli('status', `user/${plan.name}`)).code).toBe(1);
+    await scancel(jobId);
+  }, 120_000);
+
+  it('retry brings a failed pod back once its cause is fixed', async () => {
+    const podUid = uid();
+    const forwards = `15502:127.0.0.1:${echo.port}`;
+    const plan = planFor(h, podUid, forwards);
+    const path = await podFile(plan.name, podUid, { 'interlink.eu/reverse-forwards': forwards });
+    const jobId = await sbatch(site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
+    await waitForState(jobId, ['RUNNING'], 30_000);
+
+    // A fleet set up for the node's own sshd: it refuses forwarding, a permanent failure.
+    await fleet.stop();
+    let nodeFleet: (RunningFleet & { redis: Redis }) | undefined = await inProcessFleet(
+      nodeConfig,
+      redis.url,
+      ['control', 'session'],
+      'node-host',
+    );
+    try {
+      expect((await cli('submit', path)).code).toBe(0);
+      await waitForPodState(nodeFleet, podUid, 'failed', 60_000);
+      const failed = JSON.parse((await cli('status', podUid, '--json')).stdout);
+      expect(failed).toMatchObject({ state: 'failed', generation: 1, lastError: { kind: 'forwarding-refused' } });
+      expect(failed.lastError.message).toContain('Server has disabled streamlocal forwarding');
+      const table = await cli('status');
+      expect(row(table.stdout, `user/${plan.name}`)?.[5]).toContain('forwarding-refused');
+    } finally {
+      await nodeFleet.stop();
+      nodeFleet = undefined;
+    }
+
+    // The fix: the fleet runs the user-space sshd again. Retry starts the pod over.
+    fleet = await inProcessFleet(srunConfig, redis.url, ['control', 'session'], 'cli-host');
+    const run = await cli('retry', `user/${plan.name}`);
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stdout).toBe(`retrying user/${plan.name} (${podUid})\n`);
+    await waitForPodState(fleet, podUid, 'active', 60_000);
+    const back = JSON.parse((await cli('status', podUid, '--json')).stdout);
+    expect(back).toMatchObject({ state: 'active', generation: 2, attempts: 0, host: 'cli-host' });
+    expect(back.history.find((e: { event: string }) => e.event === 'RETRY')).toMatchObject({
+      from: 'failed',
+      to: 'validating',
+    });
+
+    // Retry is for failed pods: an active one is left alone, and the command says so.
+    const again = await cli('retry', podUid);
+    expect(again.code).toBe(1);
+    expect(again.stderr).toContain('active');
+    expect(await podState(podUid)).toBe('active');
+
+    const deleted = await cli('delete', podUid, '--wait');
+    expect(deleted.code, deleted.stderr).toBe(0);
+    await expectNothingLeft(podUid, plan.name, plan, jobId);
+    await scancel(jobId);
+  }, 150_000);
+});

@@ -1,0 +1,232 @@
+import { describe, expect, it } from 'vitest';
+import { admit, BadReviewError } from '../../src/cluster/admission.js';
+import { PRELUDE_BEGIN, PRELUDE_END, renderPrelude } from '../../src/render/prelude.js';
+import { annotationPatch, jsonPointerSegment, preExecWithPrelude } from '../../src/render/webhook-patch.js';
+import { ANNOTATION } from '../../src/spec/annotations.js';
+import { parseReverseRequest } from '../../src/spec/reverse-request.js';
+import { podReview, patchedAnnotations } from '../fixtures/admission-reviews.js';
+import { jsonPatch } from '../fixtures/fake-apiserver.js';
+import { contextWith, siteWith } from './spec-fixtures.js';
+
+const FWD = ANNOTATION.forwards;
+const PRE = ANNOTATION.preExec;
+const SITE = siteWith({ AllowSocks: true });
+const MINIO = 'minio.storage.svc.cluster.local:9000';
+
+function prelude(forwards: string, site = SITE): string {
+  const request = parseReverseRequest({ [FWD]: forwards }, contextWith({ AllowSocks: true }));
+  if (!request) throw new Error('no request');
+  return renderPrelude(request, site.Network.SSH.Reverse);
+}
+
+function mutate(annotations: Record<string, string> | undefined, site = SITE) {
+  const review = podReview(annotations);
+  const answer = admit(review, 'mutate', site);
+  return { review, answer, response: answer.response };
+}
+
+function refusal(annotations: Record<string, string>, site = SITE, mode: 'mutate' | 'validate' = 'mutate') {
+  const response = admit(podReview(annotations), mode, site).response;
+  expect(response.allowed).toBe(false);
+  expect(response.patch).toBeUndefined();
+  expect(response.status?.code).toBe(403);
+  return response.status?.message ?? '';
+}
+
+describe('admission: the answer document', () => {
+  it('echoes the request uid in an AdmissionReview v1 response', () => {
+    const review = podReview(undefined, { uid: 'r-1' });
+    expect(admit(review, 'mutate', SITE)).toEqual({
+      apiVersion: 'admission.k8s.io/v1',
+      kind: 'AdmissionReview',
+      response: { uid: 'r-1', allowed: true },
+    });
+  });
+
+  it.each([
+    [{ kind: 'AdmissionReview', apiVersion: 'admission.k8s.io/v1beta1', request: { uid: 'x' } }],
+    [{ kind: 'AdmissionReview', apiVersion: 'admission.k8s.io/v1' }],
+    [{ kind: 'Pod', apiVersion: 'v1' }],
+    ['text'],
+  ])('refuses a document that is not an AdmissionReview v1 request: %j', (doc) => {
+    expect(() => admit(doc, 'mutate', SITE)).toThrow(BadReviewError);
+  });
+
+  it('allows pods without reverse annotations untouched (no patch), in both modes', () => {
+    for (const annotations of [undefined, {}, { 'example.org/x': 'y', [PRE]: 'module load x\n' }]) {
+      for (const mode of ['mutate', 'validate'] as const) {
+        const { response } = admit(podReview(annotations), mode, SITE);
+        expect(response).toEqual({ uid: expect.any(String), allowed: true });
+      }
+    }
+  });
+
+  it('leaves other operations and other kinds alone', () => {
+    const update = podReview({ [FWD]: 'bad entry' }, { operation: 'UPDATE' });
+    expect(admit(update, 'mutate', SITE).response.allowed).toBe(true);
+    const binding = podReview({ [FWD]: 'bad entry' });
+    (binding.request as Record<string, unknown>).subResource = 'binding';
+    expect(admit(binding, 'mutate', SITE).response.allowed).toBe(true);
+  });
+});
+
+describe('admission: mutation (the prelude in slurm-job.vk.io/pre-exec)', () => {
+  it('adds the pre-exec annotation when there is none', () => {
+    const { review, response } = mutate({ [FWD]: MINIO });
+    expect(response.allowed).toBe(true);
+    expect(response.patchType).toBe('JSONPatch');
+    const ops = JSON.parse(Buffer.from(response.patch ?? '', 'base64').toString('utf8'));
+    expect(ops).toEqual([{ op: 'add', path: '/metadata/annotations/slurm-job.vk.io~1pre-exec', value: prelude(MINIO) }]);
+    const after = patchedAnnotations(review, response, jsonPatch);
+    expect(after[PRE]?.startsWith(`${PRELUDE_BEGIN}\n`)).toBe(true);
+    // The plugin appends " job.sh": the text must end with a newline.
+    expect(after[PRE]?.endsWith(`${PRELUDE_END}\n`)).toBe(true);
+    expect(after[FWD]).toBe(MINIO);
+  });
+
+  it('puts the prelude before the commands already there, keeping them', () => {
+    const own = 'module load cuda\nexport OMP_NUM_THREADS=4\n';
+    const { review, response } = mutate({ [FWD]: MINIO, [PRE]: own });
+    const ops = JSON.parse(Buffer.from(response.patch ?? '', 'base64').toString('utf8'));
+    expect(ops[0].op).toBe('replace');
+    expect(patchedAnnotations(review, response, jsonPatch)[PRE]).toBe(prelude(MINIO) + own);
+  });
+
+  it('is idempotent: admitting the admitted pod again changes nothing', () => {
+    for (const own of [undefined, 'module load cuda\n', 'echo no trailing newline']) {
+      const first = mutate({ [FWD]: MINIO, ...(own === undefined ? {} : { [PRE]: own }) });
+      const once = patchedAnnotations(first.review, first.response, jsonPatch);
+      const second = mutate(once);
+      expect(second.response).toEqual({ uid: expect.any(String), allowed: true });
+      expect(once[PRE]?.split(PRELUDE_BEGIN)).toHaveLength(2);
+    }
+  });
+
+  it('replaces a stale prelude (other forwards, copied from a running pod) instead of stacking a second', () => {
+    const stale = `${prelude('redis.cache.svc.cluster.local:6379')}module load cuda\n`;
+    const { review, response } = mutate({ [FWD]: MINIO, [PRE]: stale });
+    const value = patchedAnnotations(review, response, jsonPatch)[PRE] ?? '';
+    expect(value).toBe(`${prelude(MINIO)}module load cuda\n`);
+    expect(value.split(PRELUDE_BEGIN)).toHaveLength(2);
+  });
+
+  it('admits SOCKS where the site allows it, with a warning', () => {
+    const { response } = mutate({ [FWD]: MINIO, [ANNOTATION.socksPort]: '11080' });
+    expect(response.allowed).toBe(true);
+    expect(response.warnings).toHaveLength(1);
+    expect(response.warnings?.[0]).toContain(ANNOTATION.socksPort);
+    expect(response.warnings?.[0]).toContain('11080');
+    expect(response.warnings?.[0]).toContain('127.0.0.1');
+    expect(response.warnings?.[0]?.length).toBeLessThanOrEqual(120);
+    // SOCKS alone: allowed (no relay ports), warned.
+    const alone = mutate({ [ANNOTATION.socksPort]: '11080' }).response;
+    expect(alone.allowed).toBe(true);
+    expect(alone.warnings).toHaveLength(1);
+  });
+
+  it('escapes JSON Pointer segments', () => {
+    expect(jsonPointerSegment('a/b~c')).toBe('a~1b~0c');
+    expect(annotationPatch(undefined, 'k/x', 'v')).toEqual([
+      { op: 'add', path: '/metadata/annotations', value: { 'k/x': 'v' } },
+    ]);
+    expect(annotationPatch({ 'k/x': 'v' }, 'k/x', 'v')).toEqual([]);
+    expect(preExecWithPrelude(undefined, 'P\n')).toBe('P\n');
+  });
+});
+
+describe('admission: refusals name the annotation, the entry and what would be accepted (DESIGN §4.1)', () => {
+  it.each([
+    ['UDP', { [FWD]: 'dns.kube-system.svc:53/udp' }, ['TCP only', 'dns.kube-system.svc:53/udp']],
+    ['IPv6 literal', { [FWD]: '[fd00::1]:9000' }, ['IPv6', '[fd00::1]:9000']],
+    ['"_" in a host', { [FWD]: 'my_svc.user:9000' }, ['"_"', 'my_svc.user:9000']],
+    ['a bad port', { [FWD]: 'minio:65536' }, ['not a port number', 'minio:65536']],
+    [
+      'a listen port below 1024',
+      { [FWD]: 'kubernetes.default.svc.cluster.local:443' },
+      ['below 1024', ':kubernetes.default.svc.cluster.local:443'],
+    ],
+    ['a repeated listen port', { [FWD]: 'a.x:9000 b.x:9000' }, ['already used', '"b.x:9000"']],
+    ['more than 64 entries', { [FWD]: Array.from({ length: 65 }, (_, i) => `s${i}:${2000 + i}`).join(' ') }, ['at most 64']],
+    ['no forwards', { [FWD]: '  ' }, ['no forwards declared']],
+  ])('%s', (_name, annotations, expected) => {
+    const message = refusal(annotations);
+    expect(message).toContain(FWD);
+    expect(message).toContain('accepted:');
+    for (const part of expected) expect(message).toContain(part);
+  });
+
+  it('SOCKS where the site does not allow it', () => {
+    const message = refusal({ [FWD]: MINIO, [ANNOTATION.socksPort]: '11080' }, siteWith({ AllowSocks: false }));
+    expect(message).toContain(ANNOTATION.socksPort);
+    expect(message).toContain('"11080"');
+    expect(message).toContain('SOCKS is not allowed');
+    expect(message).toContain('accepted:');
+  });
+
+  it.each([
+    ['below 1024', '443', 'not a port number of 1024 or more'],
+    ['a forward listen port', '9000', 'already a listen port'],
+  ])('a SOCKS port that is %s', (_name, port, problem) => {
+    const message = refusal({ [FWD]: MINIO, [ANNOTATION.socksPort]: port });
+    expect(message).toContain(ANNOTATION.socksPort);
+    expect(message).toContain(`"${port}"`);
+    expect(message).toContain(problem);
+    expect(message).toContain('accepted:');
+  });
+
+  it('a node exec override the site does not allow, or an unknown one', () => {
+    const notAllowed = refusal({ [FWD]: MINIO, [ANNOTATION.nodeExec]: 'srun' });
+    expect(notAllowed).toContain(ANNOTATION.nodeExec);
+    expect(notAllowed).toContain('"srun"');
+    expect(notAllowed).toContain('AllowNodeExecOverride');
+    const unknown = refusal({ [FWD]: MINIO, [ANNOTATION.nodeExec]: 'telnet' });
+    expect(unknown).toContain('"telnet"');
+    expect(unknown).toContain('accepted: "ssh" or "srun"');
+    const allowed = siteWith({ AllowNodeExecOverride: true });
+    expect(admit(podReview({ [FWD]: MINIO, [ANNOTATION.nodeExec]: 'srun' }), 'mutate', allowed).response.allowed).toBe(
+      true,
+    );
+  });
+
+  it('the pod VPN combined with reverse forwards', () => {
+    const message = refusal({ [FWD]: MINIO, [ANNOTATION.podVpn]: 'true' });
+    expect(message).toContain(FWD);
+    expect(message).toContain(ANNOTATION.podVpn);
+    expect(message).toContain('accepted:');
+  });
+
+  it('reverse forwards on a site that has them disabled', () => {
+    const message = refusal({ [FWD]: MINIO }, siteWith({ Enabled: false }));
+    expect(message).toContain('not enabled');
+    expect(message).toContain('Network.SSH.Reverse.Enabled');
+  });
+
+  it('a pre-exec holding the start of a prelude without its end', () => {
+    for (const mode of ['mutate', 'validate'] as const) {
+      const message = refusal({ [FWD]: MINIO, [PRE]: `${PRELUDE_BEGIN}\necho half\n` }, SITE, mode);
+      expect(message).toContain(PRE);
+      expect(message).toContain('end marker');
+      expect(message).toContain('accepted:');
+    }
+  });
+});
+
+describe('admission: validation of the stored pod', () => {
+  it('refuses a pod with forwards whose pre-exec has no prelude (the mutating webhook did not run)', () => {
+    const message = refusal({ [FWD]: MINIO, [PRE]: 'module load x\n' }, SITE, 'validate');
+    expect(message).toContain(PRE);
+    expect(message).toContain('no backhaul prelude');
+    expect(message).toContain('accepted:');
+  });
+
+  it('allows the pod the mutating webhook produced', () => {
+    const { review, response } = mutate({ [FWD]: MINIO, [PRE]: 'module load x\n' });
+    const stored = patchedAnnotations(review, response, jsonPatch);
+    expect(admit(podReview(stored), 'validate', SITE).response).toEqual({ uid: expect.any(String), allowed: true });
+  });
+
+  it('validates with the same rules as the mutation', () => {
+    const message = refusal({ [FWD]: 'minio:9000/udp', [PRE]: prelude(MINIO) }, SITE, 'validate');
+    expect(message).toContain('TCP only');
+  });
+});
