@@ -109,7 +109,8 @@ export async function openCarrier(login: Client, site: CarrierSite, req: Carrier
 function carrier(mode: CarrierMode, client: Client, serverMessages: ServerMessages, hops: Client[]): Carrier {
   let closing = false;
   const lost = new Promise<string>((resolve) => {
-    client.once('error', (err: Error) => resolve(closing ? 'closed' : err.message));
+    // `on`, not `once`: ssh2 may emit a second error (e.g. a keepalive timeout after a reset).
+    client.on('error', (err: Error) => resolve(closing ? 'closed' : err.message));
     client.once('close', () => resolve(closing ? 'closed' : 'the connection to the batch host closed'));
     for (const hop of hops) hop.once('close', () => resolve(closing ? 'closed' : 'the hop to the batch host closed'));
   });

@@ -1,6 +1,7 @@
 import { connect, type Socket } from 'node:net';
 import { pipeline } from 'node:stream';
 import type { AcceptConnection, Channel, Client, RejectConnection, UNIXConnectionDetails } from 'ssh2';
+import { dialAddress, type HostAliases } from './host-aliases.js';
 import { SessionError } from './session-error.js';
 
 /** One socket on the node and the one endpoint it may reach (DESIGN §4.7). */
@@ -15,6 +16,12 @@ export interface ForwardStats {
   refused: number;
   bytesToCluster: number;
   bytesToJob: number;
+}
+
+export interface ForwardOptions {
+  /** `Backhaul.HostAliases`: looked up before an endpoint's name goes to the resolver. */
+  hostAliases?: HostAliases;
+  connectTimeoutMs?: number;
 }
 
 export interface ForwardLog {
@@ -39,7 +46,7 @@ export class ReverseForwards {
     targets: readonly ForwardTarget[],
     private readonly serverMessages: readonly string[],
     private readonly log: ForwardLog,
-    private readonly connectTimeoutMs = 10_000,
+    private readonly options: ForwardOptions = {},
   ) {
     this.byPath = new Map(targets.map((t) => [t.socketPath, t]));
     client.on('unix connection', this.onConnection);
@@ -92,8 +99,9 @@ export class ReverseForwards {
       reject();
       return;
     }
-    const socket = connect({ host: target.dialHost, port: target.port, allowHalfOpen: true, noDelay: true });
-    socket.setTimeout(this.connectTimeoutMs);
+    const host = dialAddress(target.dialHost, this.options.hostAliases);
+    const socket = connect({ host, port: target.port, allowHalfOpen: true, noDelay: true });
+    socket.setTimeout(this.options.connectTimeoutMs ?? 10_000);
     const fail = (err: Error) => {
       this.stats.refused += 1;
       this.log.warn('endpoint unreachable', { endpoint: `${target.dialHost}:${target.port}`, error: err.message });

@@ -11,6 +11,7 @@ import type { SessionPlan } from '../render/session-plan.js';
 import type { SlurmJob } from '../site/slurm-job.js';
 import { findPodJob } from '../site/slurm-queries.js';
 import { type Carrier, type CarrierSite, openCarrier } from './carrier.js';
+import type { HostAliases } from './host-aliases.js';
 import type { LoginLease, LoginPool } from './login-pool.js';
 import { execCapture, openExec } from './remote-exec.js';
 import { type ForwardLog, type ForwardStats, ReverseForwards } from './reverse-forwards.js';
@@ -45,6 +46,8 @@ export interface ShadowSessionOptions {
   socketCheckMs?: number;
   /** How long a just-started job gets to run its prelude (make the socket dir). */
   preludeWaitMs?: number;
+  /** `Backhaul.HostAliases`: endpoint names dialed by address. */
+  hostAliases?: HostAliases;
 }
 
 /** Exec channels a carrier of each mode keeps open on the login node (they count against MaxSessions). */
@@ -134,6 +137,7 @@ export class ShadowSession {
       plan.forwards.map((f) => ({ socketPath: f.socketPath, dialHost: f.dialHost, port: f.port })),
       serverMessages,
       this.opts.log,
+      { hostAliases: this.opts.hostAliases ?? {} },
     );
     await this.forwards.establish();
     if (plan.socks !== null) {
@@ -141,7 +145,7 @@ export class ShadowSession {
         pod: `${plan.namespace}/${plan.name}`,
         port: plan.socks,
       });
-      this.socks = new SocksForward(client, plan.socks, serverMessages, this.opts.log);
+      this.socks = new SocksForward(client, plan.socks, serverMessages, this.opts.log, this.opts.hostAliases);
       await this.socks.establish();
     }
     this.report({ type: 'FORWARDS_READY' });

@@ -2,6 +2,7 @@ import { connect } from 'node:net';
 import { pipeline } from 'node:stream';
 import { createServer, type Socks5Server } from '@pondwader/socks5-server';
 import type { AcceptConnection, Client, RejectConnection, TcpConnectionDetails } from 'ssh2';
+import { dialAddress, type HostAliases } from './host-aliases.js';
 import type { ForwardLog } from './reverse-forwards.js';
 import { SessionError } from './session-error.js';
 
@@ -23,10 +24,12 @@ export class SocksForward {
     private readonly port: number,
     private readonly serverMessages: readonly string[],
     log: ForwardLog,
+    hostAliases: HostAliases = {},
   ) {
     this.server = createServer();
     this.server.setConnectionHandler((conn, sendStatus) => {
-      const target = connect({ host: conn.destAddress, port: conn.destPort, allowHalfOpen: true, noDelay: true });
+      const host = dialAddress(conn.destAddress, hostAliases);
+      const target = connect({ host, port: conn.destPort, allowHalfOpen: true, noDelay: true });
       target.once('error', (err) => {
         log.warn('socks target unreachable', { target: `${conn.destAddress}:${conn.destPort}`, error: err.message });
         sendStatus('HOST_UNREACHABLE');

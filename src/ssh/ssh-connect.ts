@@ -36,7 +36,9 @@ export function connectSsh(target: SshTarget): Promise<{ client: Client; serverM
     username: target.username,
     privateKey: target.privateKey,
     keepaliveInterval: target.keepaliveIntervalMs,
-    keepaliveCountMax: target.keepaliveCountMax ?? 2,
+    // ssh2 counts only unanswered keepalives, and a reply can queue behind bulk data on a busy host:
+    // three misses (about 6-8 s at the default 2 s) tell a dead hop from a slow one.
+    keepaliveCountMax: target.keepaliveCountMax ?? 3,
     readyTimeout: target.readyTimeoutMs ?? 20_000,
     algorithms: {
       cipher: [

@@ -39,7 +39,7 @@ describe('the fleet (control + session roles) on the loopback site', () => {
       },
       Backhaul: {
         Redis: { URL: redis.url },
-        KeepaliveInterval: '1s',
+        KeepaliveInterval: '2s',
         SocketCheckInterval: '1s',
         LeaseTTL: '3s',
         RetryBackoff: '200ms',
