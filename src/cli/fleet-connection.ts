@@ -9,21 +9,47 @@ export interface FleetOption extends ConfigOption {
   redis?: string;
 }
 
-/** Connects a one-shot command to the fleet's Redis (`--redis`, else REDIS_URL, else the site config's). */
+/**
+ * Connects a one-shot command to the fleet's Redis (`--redis`, else REDIS_URL, else the site config's).
+ * Redis is reached before anything else is set up, so an unreachable server is one line and exit 1
+ * within a second or so — not the queues' own connection errors printed by BullMQ, one per queue.
+ */
 export async function withFleet<T>(opts: FleetOption, use: (deps: FleetDeps) => Promise<T>): Promise<T> {
   const config = await loadSiteConfig(opts);
-  const url = opts.redis ?? process.env.REDIS_URL ?? config.Backhaul.Redis.URL;
+  // An empty REDIS_URL is unset, not "connect to the default".
+  const url = opts.redis ?? (process.env.REDIS_URL || config.Backhaul.Redis.URL);
   const redis: Redis = createRedis(url, { kind: 'command', connectionName: 'backhaul-cli' });
-  redis.on('error', () => undefined); // reported below, once, by the command that fails
-  const deps = fleetDeps(config, redis, process.env.BACKHAUL_LOG_LEVEL ? createLogger('backhaul') : silentLogger());
+  let lastError: Error | undefined;
+  redis.on('error', (err: Error) => {
+    lastError = err; // reported below, once, by the command that fails
+  });
   try {
     await redis.ping().catch((err: Error) => {
-      throw new CliError(`cannot reach Redis at ${url}: ${err.message}`, EXIT.failure);
+      const cause = lastError ?? err;
+      throw new CliError(`cannot reach Redis at ${redactUrl(url)}: ${cause.message}`, EXIT.failure);
     });
+  } catch (err) {
+    redis.disconnect();
+    throw err;
+  }
+  const deps = fleetDeps(config, redis, process.env.BACKHAUL_LOG_LEVEL ? createLogger('backhaul') : silentLogger());
+  try {
     return await use(deps);
   } finally {
     await deps.queues.close().catch(() => undefined);
     redis.disconnect();
+  }
+}
+
+/** The URL without its password, for messages. */
+export function redactUrl(url: string): string {
+  try {
+    const parsed = new URL(url);
+    if (!parsed.password) return url;
+    parsed.password = '***';
+    return parsed.toString();
+  } catch {
+    return url.replace(/\/\/[^@/]*@/, '//***@');
   }
 }
 

@@ -1,5 +1,6 @@
 import { Command, CommanderError } from 'commander';
 import { isSpecError } from '../spec/spec-error.js';
+import { registerDemo } from './commands/demo.js';
 import { registerDoctor } from './commands/doctor.js';
 import { registerPodCommands } from './commands/pods.js';
 import { registerRender } from './commands/render.js';
@@ -18,6 +19,7 @@ export function buildProgram(): Command {
   registerDoctor(program);
   registerWorker(program);
   registerPodCommands(program);
+  registerDemo(program);
   return program;
 }
 

@@ -52,6 +52,41 @@ export const sshSchema = z.strictObject({
   Reverse: reverseSchema.prefault({}),
 });
 
+/** Kubernetes object names (nodes, namespaces): DNS-1123 subdomains. */
+const KUBE_NAME = /^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+const KUBE_NAMESPACE = /^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+/** A label selector as the API server takes it (`key=value`, `key!=value`, `key in (a,b)`, `!key`, …). */
+const LABEL_SELECTOR = /^[A-Za-z0-9!=(),. _/-]+$/;
+
+/** How the watch, webhook and Event roles reach the cluster (src/cluster, deploy/README.md). */
+export const kubernetesSchema = z.strictObject({
+  /** A kubeconfig file; without it, the pod's service account when running in a cluster. */
+  Kubeconfig: z.string().min(1).optional(),
+  /** Watch pods of this namespace only (default: every namespace). */
+  Namespace: z.string().regex(KUBE_NAMESPACE, 'expected a namespace name (DNS-1123 label)').optional(),
+  /** interLink virtual nodes whose pods are served; empty: pods with reverse annotations on any node. */
+  VirtualNodes: z
+    .array(z.string().regex(KUBE_NAME, 'expected a node name (DNS-1123 subdomain)'))
+    .default([])
+    .refine((names) => new Set(names).size === names.length, 'node names repeat'),
+  /** Serve only pods matching this label selector (default: every pod with reverse annotations). */
+  PodSelector: z.string().regex(LABEL_SELECTOR, 'expected a label selector such as "app=train,tier!=test"').optional(),
+  /** How often the watcher compares the pods it sees with the machines in Redis. */
+  ResyncInterval: duration(1000).prefault('5m'),
+  /** Record Kubernetes Events on pods for the control role's transitions (needs a cluster). */
+  RecordEvents: z.boolean().default(true),
+  Webhook: z
+    .strictObject({
+      Address: z.string().min(1).default('0.0.0.0'),
+      Port: port.default(8443),
+      CertFile: z.string().min(1).default('/etc/backhaul/tls/tls.crt'),
+      KeyFile: z.string().min(1).default('/etc/backhaul/tls/tls.key'),
+      /** How often the certificate files are checked for a change (a change is also noticed at once). */
+      ReloadInterval: duration(100).prefault('30s'),
+    })
+    .prefault({}),
+});
+
 export const backhaulSchema = z.strictObject({
   Redis: z.strictObject({ URL: z.string().url().default('redis://127.0.0.1:6379') }).prefault({}),
   /** Shadow sessions one session host holds at once. */
@@ -70,6 +105,15 @@ export const backhaulSchema = z.strictObject({
   KeepaliveInterval: duration(100).prefault('2s'),
   SocketCheckInterval: duration(100).prefault('3s'),
   ClusterDomain: z.string().regex(HOST_NAME).default('cluster.local'),
+  /**
+   * Like a pod's `hostAliases` in Kubernetes: host name → IPv4 address, looked up (case-insensitively)
+   * before the fleet dials a forward's endpoint, instead of DNS. For a fleet outside the cluster's DNS
+   * (the demo, a test site); empty by default.
+   */
+  HostAliases: z
+    .record(z.string().regex(HOST_NAME, 'expected a DNS host name'), z.string().regex(IPV4, 'expected an IPv4 address'))
+    .default({}),
+  Kubernetes: kubernetesSchema.prefault({}),
 });
 
 export const siteConfigSchema = z
@@ -91,6 +135,7 @@ export const siteConfigSchema = z
 
 export type SiteConfig = z.output<typeof siteConfigSchema>;
 export type ReverseConfig = SiteConfig['Network']['SSH']['Reverse'];
+export type KubernetesConfig = SiteConfig['Backhaul']['Kubernetes'];
 
 /** Validates already-parsed data (e.g. a ConfigMap value); throws SpecError naming the key path. */
 export function parseSiteConfig(data: unknown): SiteConfig {
@@ -147,5 +192,7 @@ function describeIssue(issue: z.core.$ZodIssue): string {
   if (issue.code === 'invalid_type' && issue.message.endsWith('received undefined')) {
     return `required (expected ${issue.expected})`;
   }
+  // A bad key of a map (HostAliases): say what the key should be, not only that it is invalid.
+  if (issue.code === 'invalid_key') return issue.issues[0]?.message ?? issue.message;
   return issue.message;
 }

@@ -1,7 +1,7 @@
 import { type Job, UnrecoverableError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { parsePodEvent } from '../machines/pod-machine.js';
-import { runEffects } from './effects.js';
+import { forgetPod, runEffects } from './effects.js';
 import type { FleetDeps } from './fleet-deps.js';
 import { applyPodEvent } from './pod-events.js';
 import { type EventJobData, QUEUE_NAMES, type StepJobData } from './queues.js';
@@ -47,7 +47,12 @@ export class ControlWorker {
     await this.deps.queues.events.upsertJobScheduler(
       REAPER_JOB,
       { every: everyMs },
-      { name: REAPER_JOB, data: { uid: '', event: { type: 'RETRY', at: 0 } } },
+      // Each run is a job: keep none of them, or every 5 s leaves a record behind.
+      {
+        name: REAPER_JOB,
+        data: { uid: '', event: { type: 'RETRY', at: 0 } },
+        opts: { removeOnComplete: true, removeOnFail: { count: 100 } },
+      },
     );
   }
 
@@ -68,8 +73,10 @@ export class ControlWorker {
         // A snapshot of another machine version: `status` shows it; retrying cannot help.
         throw new UnrecoverableError(`pod ${uid}: ${result.message}`);
       case 'applied':
+        this.deps.onTransition?.(uid, result.context, result.from, result.to, parsed.event);
         await runEffects(this.deps, uid, result.actions);
-        if (result.to === 'done') await this.forget(uid);
+        // A finished pod leaves only its history, which expires.
+        if (result.to === 'done') await forgetPod(this.deps, uid, result.context.generation);
         return `${result.from ?? 'new'} → ${result.to}`;
     }
   }
@@ -77,10 +84,5 @@ export class ControlWorker {
   private async onStep(job: Job<StepJobData>): Promise<string> {
     const { uid, step, generation } = job.data;
     return runStep(this.deps, uid, step, generation);
-  }
-
-  /** A finished pod leaves only its history, which expires. */
-  private async forget(uid: string): Promise<void> {
-    await this.deps.store.remove(uid, Math.ceil(this.deps.config.Backhaul.HistoryTTL / 1000));
   }
 }

@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from '../log.js';
-import type { PodLimits } from '../machines/pod-machine.js';
+import type { PodContext, PodEvent, PodLimits, PodStateName } from '../machines/pod-machine.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { HostRegistry } from '../store/host-registry.js';
 import { RedisKeys } from '../store/keys.js';
@@ -22,6 +22,11 @@ export interface FleetDeps {
   bullPrefix: string | undefined;
   log: Logger;
   now: () => number;
+  /**
+   * Called by the control worker after each applied (stored) transition; `from` is null when the event
+   * created the machine. Must not throw or block: the cluster roles use it to record Kubernetes Events.
+   */
+  onTransition?: (uid: string, ctx: PodContext, from: PodStateName | null, to: PodStateName, event: PodEvent) => void;
 }
 
 export interface FleetDepsOptions {

@@ -1,5 +1,6 @@
 import { hostname } from 'node:os';
 import type { Redis } from 'ioredis';
+import { type ClusterRoleOptions, type ClusterRoles, startClusterRoles } from '../cluster/cluster-roles.js';
 import type { Logger } from '../log.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { preloadScripts } from '../store/scripts.js';
@@ -14,6 +15,8 @@ export interface FleetOptions extends FleetDepsOptions {
   roles: readonly Role[];
   hostId?: string;
   reaperEveryMs?: number;
+  /** The watch and webhook roles, and Events for the control role (src/cluster). */
+  cluster?: ClusterRoleOptions;
 }
 
 export interface RunningFleet {
@@ -21,6 +24,8 @@ export interface RunningFleet {
   hostId: string;
   control: ControlWorker | undefined;
   session: SessionHost | undefined;
+  /** The watcher, webhook and Event recorder, for the roles that have them. */
+  cluster: ClusterRoles;
   /** Session host first (hands its shadows back), then the control worker finishes its job at hand. */
   stop(): Promise<void>;
 }
@@ -35,12 +40,12 @@ export async function startFleet(
   log: Logger,
   opts: FleetOptions,
 ): Promise<RunningFleet> {
-  for (const role of opts.roles) {
-    if (role === 'watch' || role === 'webhook') throw new Error(`role ${role} is not available in this build yet`);
-  }
   const deps = fleetDeps(config, redis, log, opts);
-  await preloadScripts(redis);
+  // A webhook-only member does not touch Redis: pod admission must not depend on it.
+  if (opts.roles.some((role) => role !== 'webhook')) await preloadScripts(redis);
   const hostId = opts.hostId ?? defaultHostId();
+  // First: it sets deps.onTransition before the control worker applies its first event.
+  const cluster = await startClusterRoles(deps, opts.roles, opts.cluster);
   let control: ControlWorker | undefined;
   let session: SessionHost | undefined;
   if (opts.roles.includes('control')) {
@@ -55,8 +60,10 @@ export async function startFleet(
     hostId,
     control,
     session,
+    cluster,
     stop: () => {
       stopping ??= (async () => {
+        await cluster.stop();
         await session?.stop();
         await control?.close();
         await deps.queues.close();

@@ -1,7 +1,9 @@
 import type { PodContext } from '../machines/pod-machine.js';
 import { renderSessionPlan, type SessionPlan } from '../render/session-plan.js';
+import { ANNOTATION } from '../spec/annotations.js';
 import { parseReverseRequest, type ReverseRequest } from '../spec/reverse-request.js';
 import type { SiteConfig } from '../spec/site-config.js';
+import { SpecError } from '../spec/spec-error.js';
 
 /** The pod's request, validated against the site (throws SpecError for bad input). */
 export function requestOf(context: PodContext, config: SiteConfig): ReverseRequest {
@@ -11,7 +13,11 @@ export function requestOf(context: PodContext, config: SiteConfig): ReverseReque
     clusterDomain: config.Backhaul.ClusterDomain,
   });
   if (!request) {
-    throw new Error(`pod ${context.namespace}/${context.name} has no interlink.eu/reverse-* annotations`);
+    // Bad input, not a transient error: running the step again cannot add the annotation.
+    throw new SpecError(
+      ANNOTATION.forwards,
+      `missing: pod ${context.namespace}/${context.name} has no interlink.eu/reverse-* annotation`,
+    );
   }
   return request;
 }

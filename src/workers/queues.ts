@@ -35,7 +35,10 @@ export const jobIds = {
   deadline: (uid: string, name: string, generation: number) => `${uid}-deadline-${name}-${generation}`,
 };
 
-/** Completed and failed jobs are kept a while: `status POD` shows them, and a re-sent id stays a no-op. */
+/**
+ * Completed and failed jobs are kept a while for `status POD` (a step asked for again replaces its
+ * finished job: effects.ts queueStep); a forgotten pod's jobs are removed with it (forgetPod).
+ */
 export const KEEP_JOBS = { removeOnComplete: { age: 3_600, count: 10_000 }, removeOnFail: { age: 86_400 } } as const;
 
 export interface FleetQueues {

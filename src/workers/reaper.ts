@@ -1,7 +1,8 @@
 import { type PodStateName, restorePod, type StepName, stateOf } from '../machines/pod-machine.js';
+import { forgetPod, queueStep } from './effects.js';
 import type { FleetDeps } from './fleet-deps.js';
 import { SHADOW_STATES } from './pod-reader.js';
-import { jobIds, KEEP_JOBS, sendEvent } from './queues.js';
+import { jobIds, sendEvent } from './queues.js';
 
 export const REAPER_JOB = 'bh-reaper';
 
@@ -36,7 +37,7 @@ export async function reap(deps: FleetDeps): Promise<number> {
     const state = stateOf(restored.snapshot);
     const context = restored.snapshot.context;
     if (state === 'done') {
-      await deps.store.remove(uid, Math.ceil(deps.config.Backhaul.HistoryTTL / 1000));
+      await forgetPod(deps, uid, context.generation);
       repaired += 1;
       continue;
     }
@@ -52,15 +53,8 @@ export async function reap(deps: FleetDeps): Promise<number> {
     }
     const step = STEP_OF_STATE[state];
     if (step && record.updatedAt + STEP_GRACE_MS < now) {
-      // A fresh id: the first run's id is kept for an hour and would make this a no-op.
-      await deps.queues.steps.add(
-        step,
-        { uid, step, generation: context.generation },
-        {
-          jobId: `${jobIds.step(uid, step, context.generation)}-repair-${Math.floor(now / STEP_GRACE_MS)}`,
-          ...KEEP_JOBS,
-        },
-      );
+      // The step's own id: a no-op while its job still waits or retries, run again once it has finished.
+      await queueStep(deps, uid, step, context.generation);
       repaired += 1;
     }
     if (SHADOW_STATES.has(state) && state !== 'launchingShadow' && context.generation > 0) {

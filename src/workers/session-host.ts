@@ -125,6 +125,7 @@ export class SessionHost {
       site: this.access.carrier,
       nodeWaitTimeoutMs: deps.config.Network.SSH.NodeWaitTimeout,
       socketCheckMs: deps.config.Backhaul.SocketCheckInterval,
+      hostAliases: deps.config.Backhaul.HostAliases,
       log: {
         warn: (message, detail) => log.warn(detail ?? {}, message),
         info: (message, detail) => log.info(detail ?? {}, message),

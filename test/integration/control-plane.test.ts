@@ -263,7 +263,8 @@ describe('control plane on a live fleet (control + session roles)', () => {
   it('a pod without any reverse annotation fails at once as an invalid pod (not retried as if transient)', async () => {
     const podUid = uid();
     await upsert(fleet, podUid, 'no-annotations', {});
-    await waitForPodState(fleet, podUid, 'failed', 10_000);
+    // Treated as transient, the step would be retried for half a minute and the pod never fail.
+    await waitForPodState(fleet, podUid, 'failed', 20_000);
     const stored = await fleet.deps.store.load(podUid);
     const context = (stored?.snapshot as { context: { lastError: { kind: string; message: string } } }).context;
     expect(context.lastError.kind).toBe('invalid-pod');
@@ -281,7 +282,7 @@ describe('control plane on a live fleet (control + session roles)', () => {
     expect((await fleet.deps.store.load(podUid))?.state).toBe('failed');
     await sendEvent(fleet.deps.queues, podUid, { type: 'RETRY', at: Date.now() });
     // No job for it: the shadow waits for a batch host. (The reaper would re-run validate only after a minute.)
-    await waitForPodState(fleet, podUid, 'waitingBatchHost', 15_000);
+    await waitForPodState(fleet, podUid, 'waitingBatchHost', 25_000);
     await sendEvent(fleet.deps.queues, podUid, { type: 'TEARDOWN', reason: 'test', at: Date.now() });
     await waitForPodState(fleet, podUid, null, 30_000);
   }, 60_000);

@@ -1,4 +1,9 @@
+import { spawn } from 'node:child_process';
+import { writeFile } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { stringify } from 'yaml';
 import { KUBE_API_ACCESS } from '../../src/cluster/kube-api.js';
 import { PodWatcher } from '../../src/cluster/pod-watcher.js';
 import { silentLogger } from '../../src/log.js';
@@ -282,6 +287,11 @@ describe('the watch role in the fleet', () => {
         await fleet.cluster.watcher?.whenSynced();
         expect(fleet.cluster.watcher?.synced).toBe(true);
         await waitFor('the machine', async () => (await fleet.deps.store.load(uid)) ?? undefined);
+        // Its pre-exec has no prelude (no webhook in this cluster): the pod gets a Warning Event.
+        const warning = await waitFor('the PreludeMissing Event', () =>
+          kube.api.listEvents(NS).find((e) => e.reason === 'PreludeMissing'),
+        );
+        expect(warning).toMatchObject({ type: 'Warning', involvedObject: { kind: 'Pod', name: 'role-pod', uid } });
       } finally {
         await fleet.stop();
       }
@@ -292,6 +302,73 @@ describe('the watch role in the fleet', () => {
       await kube.close();
     }
   });
+
+  it('runs as `backhaul worker --roles control,watch --health-port`: probes answer, SIGTERM stops it cleanly', async () => {
+    const kube = await kubeHarness();
+    const redis = await privateRedis(DB);
+    try {
+      const port = await freePort();
+      const configFile = join(kube.dir, 'site.yaml');
+      await writeFile(
+        configFile,
+        stringify({
+          Network: {
+            SSH: {
+              LoginHost: 'login.example.org',
+              User: 'hpc',
+              KeyFile: '/k',
+              KnownHostsFile: '/kh',
+              Reverse: { Enabled: true },
+            },
+          },
+          Backhaul: { Kubernetes: { Kubeconfig: kube.kubeconfigFile, VirtualNodes: [VIRTUAL_NODE] } },
+        }),
+      );
+      kube.api.createPod(reversePod('cli-pod'));
+      const uid = kube.api.schedule(NS, 'cli-pod', VIRTUAL_NODE).metadata.uid;
+      const argv = ['worker', '--roles', 'control,watch', '--config', configFile, '--redis', redis.url];
+      argv.push('--health-port', String(port), '--health-address', '127.0.0.1');
+      const child = spawn(
+        process.execPath,
+        [
+          '--import',
+          'tsx',
+          '-e',
+          `import('./src/cli/main.ts').then(async (m) => { process.exitCode = await m.main(${JSON.stringify(argv)}); })`,
+        ],
+        {
+          cwd: join(import.meta.dirname, '../..'),
+          stdio: ['ignore', 'ignore', 'pipe'],
+          env: { ...process.env, BACKHAUL_LOG_LEVEL: 'warn' },
+        },
+      );
+      let stderr = '';
+      child.stderr?.on('data', (d: Buffer) => {
+        stderr += d.toString();
+      });
+      const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+      try {
+        const probe = async (path: string) => {
+          try {
+            const res = await fetch(`http://127.0.0.1:${port}${path}`);
+            return { status: res.status, body: (await res.json()) as { failing?: string[] } };
+          } catch {
+            return undefined;
+          }
+        };
+        await waitFor('/livez', async () => (await probe('/livez'))?.status === 200, 60_000);
+        await waitFor('/readyz', async () => (await probe('/readyz'))?.status === 200, 60_000);
+        await waitFor('the machine', async () => (await redis.redis.exists(`bh:pod:${uid}`)) === 1, 30_000);
+      } finally {
+        child.kill('SIGTERM');
+      }
+      expect(await exited, stderr).toBe(0);
+      expect(kube.api.watchCount).toBe(0);
+    } finally {
+      await redis.close();
+      await kube.close();
+    }
+  }, 90_000);
 
   it('refuses to start the watch role without a cluster', async () => {
     const redis = await privateRedis(DB);
@@ -307,3 +384,14 @@ describe('the watch role in the fleet', () => {
     }
   });
 });
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      server.close(() => resolve(typeof address === 'object' && address ? address.port : 0));
+    });
+  });
+}

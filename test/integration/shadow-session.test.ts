@@ -108,7 +108,8 @@ describe.each([
     );
     await waitFor(
       'no user-space sshd',
-      async () => ((await userProcesses(h.site.user.name, `${plan.socketDir}/carrier`)).length === 0 ? true : undefined),
+      async () =>
+        (await userProcesses(h.site.user.name, `${plan.socketDir}/carrier`)).length === 0 ? true : undefined,
       10_000,
     );
     await scancel(jobId);

@@ -4,7 +4,7 @@ import { PRELUDE_BEGIN, PRELUDE_END, renderPrelude } from '../../src/render/prel
 import { annotationPatch, jsonPointerSegment, preExecWithPrelude } from '../../src/render/webhook-patch.js';
 import { ANNOTATION } from '../../src/spec/annotations.js';
 import { parseReverseRequest } from '../../src/spec/reverse-request.js';
-import { podReview, patchedAnnotations } from '../fixtures/admission-reviews.js';
+import { patchedAnnotations, podReview } from '../fixtures/admission-reviews.js';
 import { jsonPatch } from '../fixtures/fake-apiserver.js';
 import { contextWith, siteWith } from './spec-fixtures.js';
 
@@ -53,7 +53,12 @@ describe('admission: the answer document', () => {
   });
 
   it('allows pods without reverse annotations untouched (no patch), in both modes', () => {
-    for (const annotations of [undefined, {}, { 'example.org/x': 'y', [PRE]: 'module load x\n' }]) {
+    const cases: (Record<string, string> | undefined)[] = [
+      undefined,
+      {},
+      { 'example.org/x': 'y', [PRE]: 'module load x\n' },
+    ];
+    for (const annotations of cases) {
       for (const mode of ['mutate', 'validate'] as const) {
         const { response } = admit(podReview(annotations), mode, SITE);
         expect(response).toEqual({ uid: expect.any(String), allowed: true });
@@ -76,7 +81,9 @@ describe('admission: mutation (the prelude in slurm-job.vk.io/pre-exec)', () => 
     expect(response.allowed).toBe(true);
     expect(response.patchType).toBe('JSONPatch');
     const ops = JSON.parse(Buffer.from(response.patch ?? '', 'base64').toString('utf8'));
-    expect(ops).toEqual([{ op: 'add', path: '/metadata/annotations/slurm-job.vk.io~1pre-exec', value: prelude(MINIO) }]);
+    expect(ops).toEqual([
+      { op: 'add', path: '/metadata/annotations/slurm-job.vk.io~1pre-exec', value: prelude(MINIO) },
+    ]);
     const after = patchedAnnotations(review, response, jsonPatch);
     expect(after[PRE]?.startsWith(`${PRELUDE_BEGIN}\n`)).toBe(true);
     // The plugin appends " job.sh": the text must end with a newline.
@@ -146,7 +153,11 @@ describe('admission: refusals name the annotation, the entry and what would be a
       ['below 1024', ':kubernetes.default.svc.cluster.local:443'],
     ],
     ['a repeated listen port', { [FWD]: 'a.x:9000 b.x:9000' }, ['already used', '"b.x:9000"']],
-    ['more than 64 entries', { [FWD]: Array.from({ length: 65 }, (_, i) => `s${i}:${2000 + i}`).join(' ') }, ['at most 64']],
+    [
+      'more than 64 entries',
+      { [FWD]: Array.from({ length: 65 }, (_, i) => `s${i}:${2000 + i}`).join(' ') },
+      ['at most 64'],
+    ],
     ['no forwards', { [FWD]: '  ' }, ['no forwards declared']],
   ])('%s', (_name, annotations, expected) => {
     const message = refusal(annotations);

@@ -1,13 +1,13 @@
 import { randomUUID } from 'node:crypto';
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Command } from 'commander';
-import type { PodEvent } from '../../machines/pod-machine.js';
+import { type PodEvent, type PodStateName, restorePod, stateOf } from '../../machines/pod-machine.js';
 import { parseReverseRequest } from '../../spec/reverse-request.js';
 import type { FleetDeps } from '../../workers/fleet-deps.js';
 import { sendEvent } from '../../workers/queues.js';
 import { CliError, EXIT } from '../exit-codes.js';
 import { type FleetOption, fleetOptions, resolvePod, withFleet } from '../fleet-connection.js';
 import { fromFile, loadPod } from '../inputs.js';
+import { PodFollower } from '../pod-follow.js';
 import { type PodDetail, type PodStatus, podDetail, podStatuses } from '../pod-status.js';
 import { formatAge, formatDetail, formatTable } from '../status-format.js';
 
@@ -28,37 +28,32 @@ function timeoutMs(opts: WaitOption, fallbackS: number): number {
   return seconds * 1000;
 }
 
-/** Prints the pod's transitions as they happen until `done(state)` or the timeout. */
-async function follow(
-  deps: FleetDeps,
-  uid: string,
-  until: (state: string | null) => boolean,
-  ms: number,
-): Promise<string | null> {
-  const deadline = Date.now() + ms;
-  let shown = 0;
-  let state: string | null = null;
-  for (;;) {
-    const history = await deps.store.history(uid);
-    for (const h of history.slice(shown)) {
-      const detail = h.detail ? `  (${h.detail})` : '';
-      process.stdout.write(
-        `${new Date(h.at).toISOString()}  ${h.event.padEnd(16)} ${h.from || '·'} → ${h.to}${detail}\n`,
-      );
-    }
-    shown = Math.max(shown, history.length);
-    const stored = await deps.store.load(uid);
-    state = stored?.state ?? null;
-    if (until(state)) return state;
-    if (Date.now() > deadline)
-      throw new CliError(`timed out after ${ms / 1000} s; the pod is ${state ?? 'gone'}`, EXIT.failure);
-    await sleep(200);
+/**
+ * The pod an operator's command acts on, and its state. A pod whose stored snapshot this build cannot
+ * read (another machine version) would only make the control worker fail the event: say so here.
+ */
+async function podToChange(deps: FleetDeps, pod: string): Promise<{ uid: string; state: PodStateName }> {
+  const uid = await resolvePod(deps, pod);
+  const stored = await deps.store.load(uid);
+  if (!stored) throw new CliError(`no pod ${pod} is known to backhaul`, EXIT.failure);
+  const restored = restorePod(stored.snapshot);
+  if (!restored.ok) {
+    throw new CliError(`${pod}: this build cannot act on the pod: ${restored.error.message}`, EXIT.failure);
   }
+  return { uid, state: stateOf(restored.snapshot) };
 }
 
-async function send(opts: FleetOption, pod: string, event: (deps: FleetDeps) => PodEvent, verb: string): Promise<void> {
+async function send(
+  opts: FleetOption,
+  pod: string,
+  event: (deps: FleetDeps) => PodEvent,
+  verb: string,
+  refuse: (state: PodStateName) => string | undefined = () => undefined,
+): Promise<void> {
   await withFleet(opts, async (deps) => {
-    const uid = await resolvePod(deps, pod);
+    const { uid, state } = await podToChange(deps, pod);
+    const refusal = refuse(state);
+    if (refusal) throw new CliError(refusal, EXIT.failure);
     await sendEvent(deps.queues, uid, event(deps));
     process.stdout.write(`${verb} ${pod} (${uid})\n`);
   });
@@ -94,7 +89,7 @@ export function registerPodCommands(program: Command): void {
       });
       process.stdout.write(`submitted ${pod.namespace}/${pod.name} ${uid}\n`);
       if (!opts.wait) return;
-      const state = await follow(deps, uid, (s) => s !== null && SETTLED.has(s), timeoutMs(opts, 600));
+      const state = await new PodFollower(deps, uid).until((s) => s !== null && SETTLED.has(s), timeoutMs(opts, 600));
       if (state !== 'active') throw new CliError(`the pod ended ${state}`, EXIT.failure);
     });
   });
@@ -108,17 +103,24 @@ export function registerPodCommands(program: Command): void {
       .option('--timeout <seconds>', 'with --wait: give up after this long (default 120)'),
   ).action(async (pod: string, opts: FleetOption & WaitOption) => {
     await withFleet(opts, async (deps) => {
-      const uid = await resolvePod(deps, pod);
+      const { uid } = await podToChange(deps, pod);
       await sendEvent(deps.queues, uid, { type: 'POD_DELETED', at: deps.now() });
       process.stdout.write(`deleting ${pod} (${uid})\n`);
-      if (opts.wait) await follow(deps, uid, (s) => s === null, timeoutMs(opts, 120));
+      if (opts.wait) await new PodFollower(deps, uid).until((s) => s === null, timeoutMs(opts, 120));
     });
   });
 
   fleetOptions(
     program.command('retry').description('start a failed pod over').argument('<pod>', 'namespace/name or UID'),
   ).action(async (pod: string, opts: FleetOption) => {
-    await send(opts, pod, (deps) => ({ type: 'RETRY', at: deps.now() }), 'retrying');
+    // The machine ignores RETRY in any other state: saying "retrying" would be a lie.
+    await send(
+      opts,
+      pod,
+      (deps) => ({ type: 'RETRY', at: deps.now() }),
+      'retrying',
+      (state) => (state === 'failed' ? undefined : `${pod} is ${state}: only a failed pod can be retried`),
+    );
   });
 
   fleetOptions(

@@ -1,7 +1,8 @@
 import { type Command, InvalidArgumentError } from 'commander';
+import { type HealthServer, startHealthServer } from '../../cluster/health.js';
 import { createLogger } from '../../log.js';
 import { createRedis } from '../../store/redis.js';
-import { defaultHostId, ROLES, type Role, startFleet } from '../../workers/fleet.js';
+import { defaultHostId, ROLES, type Role, type RunningFleet, startFleet } from '../../workers/fleet.js';
 import { type FleetOption, fleetOptions } from '../fleet-connection.js';
 import { loadSiteConfig } from '../inputs.js';
 
@@ -19,32 +20,62 @@ function roles(value: string): Role[] {
   return list as Role[];
 }
 
+function port(value: string): number {
+  const n = Number(value);
+  if (!/^\d+$/.test(value) || n < 1 || n > 65535) throw new InvalidArgumentError('expected a port 1-65535');
+  return n;
+}
+
 interface WorkerFlags extends FleetOption {
   roles: Role[];
   hostId?: string;
+  healthPort?: number;
+  healthAddress: string;
 }
 
 export function registerWorker(program: Command): void {
   fleetOptions(
     program
       .command('worker')
-      .description('run a member of the fleet: control (machines, steps, reaper), session (holds shadows)')
+      .description(
+        'run a member of the fleet: control (machines, steps, reaper), session (holds shadows), watch (pods on the virtual nodes), webhook (admission)',
+      )
       .option('--roles <list>', `comma-separated: ${ROLES.join(', ')}`, roles, ['control', 'session'] as Role[])
-      .option('--host-id <id>', 'name of this session host (default: <hostname>-<pid>)'),
+      .option('--host-id <id>', 'name of this session host (default: <hostname>-<pid>)')
+      .option('--health-port <port>', 'serve GET /livez and /readyz on this port for probes (default: none)', port)
+      .option('--health-address <address>', 'address of the health endpoint', '0.0.0.0'),
   ).action(async (flags: WorkerFlags) => {
     const config = await loadSiteConfig(flags);
     const log = createLogger('backhaul');
     const url = flags.redis ?? process.env.REDIS_URL ?? config.Backhaul.Redis.URL;
-    const redis = createRedis(url, { connectionName: `backhaul-worker-${flags.hostId ?? defaultHostId()}` });
+    // A webhook-only member never uses Redis: do not even connect (pod admission must not depend on it).
+    const webhookOnly = flags.roles.every((role) => role === 'webhook');
+    const redis = createRedis(url, {
+      connectionName: `backhaul-worker-${flags.hostId ?? defaultHostId()}`,
+      ...(webhookOnly ? { options: { lazyConnect: true } } : {}),
+    });
     redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error (retrying)'));
-    const fleet = await startFleet(config, redis, log, {
+    // Up before the fleet: /livez answers while start-up waits for Redis; /readyz says why it is not ready.
+    let fleet: RunningFleet | undefined;
+    let health: HealthServer | undefined;
+    if (flags.healthPort !== undefined) {
+      health = await startHealthServer(flags.healthPort, flags.healthAddress, [
+        { name: 'fleet-started', check: () => fleet !== undefined },
+        ...(!webhookOnly ? [{ name: 'redis', check: async () => (await redis.ping()) === 'PONG' }] : []),
+        { name: 'pod-watch', check: () => fleet?.cluster.watcher?.synced ?? true },
+      ]);
+      log.info({ port: health.port }, 'health endpoint listening');
+    }
+    const running = await startFleet(config, redis, log, {
       roles: flags.roles,
       ...(flags.hostId ? { hostId: flags.hostId } : {}),
     });
+    fleet = running;
     await new Promise<void>((resolve) => {
       const stop = (signal: string) => {
         log.info({ signal }, 'stopping');
-        fleet.stop().then(resolve, (err) => {
+        void health?.close();
+        running.stop().then(resolve, (err) => {
           log.error({ err }, 'stop failed');
           resolve();
         });

@@ -1,0 +1,142 @@
+import { hasPrelude, renderPrelude, stripPrelude } from '../render/prelude.js';
+import { annotationPatch, preExecWithPrelude } from '../render/webhook-patch.js';
+import { ANNOTATION } from '../spec/annotations.js';
+import { hasReverseAnnotations, parseReverseRequest, type ReverseRequest } from '../spec/reverse-request.js';
+import type { SiteConfig } from '../spec/site-config.js';
+import { isSpecError, SpecError } from '../spec/spec-error.js';
+
+/**
+ * AdmissionReview v1 (admission.k8s.io/v1) for pods (DESIGN §2, §4.1, §4.4). Pure: a review document in,
+ * the response document out; src/cluster/webhook-server.ts serves it over HTTPS.
+ *
+ * - `mutate`: validates the reverse annotations against the site and patches the prelude into
+ *   `slurm-job.vk.io/pre-exec` (idempotent); refuses a bad pod with the annotation, the entry and what
+ *   would be accepted. SOCKS, when the site allows it, is admitted with a warning.
+ * - `validate`: the same checks on the pod as it will be stored, plus: a pod with forwards must carry the
+ *   prelude (otherwise the mutating webhook did not run for it and its job would never start the relay).
+ *
+ * Pods without reverse annotations, other kinds and other operations are allowed untouched.
+ */
+
+export const ADMISSION_API_VERSION = 'admission.k8s.io/v1';
+
+export type AdmissionMode = 'mutate' | 'validate';
+
+export interface AdmissionResponse {
+  uid: string;
+  allowed: boolean;
+  status?: { code: number; reason: string; message: string };
+  patchType?: 'JSONPatch';
+  /** Base64 of the JSONPatch document. */
+  patch?: string;
+  warnings?: string[];
+}
+
+export interface AdmissionReviewResponse {
+  apiVersion: typeof ADMISSION_API_VERSION;
+  kind: 'AdmissionReview';
+  response: AdmissionResponse;
+}
+
+/** Not an AdmissionReview v1 request: answered with HTTP 400. */
+export class BadReviewError extends Error {
+  override readonly name = 'BadReviewError';
+}
+
+interface ReviewRequest {
+  uid: string;
+  kind?: { group?: string; version?: string; kind?: string };
+  resource?: { group?: string; version?: string; resource?: string };
+  subResource?: string;
+  namespace?: string;
+  operation?: string;
+  object?: unknown;
+}
+
+interface PodObject {
+  metadata?: { name?: string; generateName?: string; namespace?: string; annotations?: Record<string, unknown> };
+}
+
+function requestOf(review: unknown): ReviewRequest {
+  if (typeof review !== 'object' || review === null) throw new BadReviewError('expected a JSON object');
+  const r = review as { apiVersion?: unknown; kind?: unknown; request?: unknown };
+  if (r.kind !== 'AdmissionReview' || r.apiVersion !== ADMISSION_API_VERSION) {
+    throw new BadReviewError(
+      `expected an AdmissionReview of ${ADMISSION_API_VERSION} (admissionReviewVersions: ["v1"]), got ${String(r.kind)} ${String(r.apiVersion)}`,
+    );
+  }
+  const request = r.request as ReviewRequest | undefined;
+  if (typeof request !== 'object' || request === null || typeof request.uid !== 'string' || request.uid === '') {
+    throw new BadReviewError('the AdmissionReview has no request.uid');
+  }
+  return request;
+}
+
+/** The pod's annotations; a non-string value is bad input (the API server would refuse it anyway). */
+function annotationsOf(pod: PodObject): Record<string, string> | undefined {
+  const raw = pod.metadata?.annotations;
+  if (raw === undefined || raw === null) return undefined;
+  const out: Record<string, string> = {};
+  for (const [key, value] of Object.entries(raw)) {
+    if (typeof value !== 'string') throw new SpecError(key, 'annotation values must be strings');
+    out[key] = value;
+  }
+  return out;
+}
+
+export function socksWarning(request: ReverseRequest): string | undefined {
+  if (request.socksPort === undefined) return undefined;
+  return `${ANNOTATION.socksPort} ${request.socksPort}: SOCKS listens on 127.0.0.1 of the compute node, open to every user there`;
+}
+
+/** Answers one AdmissionReview. Throws BadReviewError for a document that is not one. */
+export function admit(review: unknown, mode: AdmissionMode, config: SiteConfig): AdmissionReviewResponse {
+  const request = requestOf(review);
+  const respond = (response: Omit<AdmissionResponse, 'uid'>): AdmissionReviewResponse => ({
+    apiVersion: ADMISSION_API_VERSION,
+    kind: 'AdmissionReview',
+    response: { uid: request.uid, ...response },
+  });
+  const isPod =
+    (request.kind?.kind ?? 'Pod') === 'Pod' &&
+    (request.kind?.group ?? '') === '' &&
+    (request.resource?.resource ?? 'pods') === 'pods' &&
+    !request.subResource;
+  if (!isPod || (request.operation ?? 'CREATE') !== 'CREATE') return respond({ allowed: true });
+  const pod = (request.object ?? {}) as PodObject;
+  try {
+    const annotations = annotationsOf(pod);
+    if (!annotations || !hasReverseAnnotations(annotations)) return respond({ allowed: true });
+    const reverse = config.Network.SSH.Reverse;
+    const parsed = parseReverseRequest(annotations, {
+      reverse,
+      podNamespace: request.namespace || pod.metadata?.namespace || 'default',
+      clusterDomain: config.Backhaul.ClusterDomain,
+    });
+    if (!parsed) return respond({ allowed: true });
+    const existing = annotations[ANNOTATION.preExec];
+    if (mode === 'mutate') {
+      const value = preExecWithPrelude(existing, renderPrelude(parsed, reverse));
+      const ops = annotationPatch(annotations, ANNOTATION.preExec, value);
+      const warning = socksWarning(parsed);
+      return respond({
+        allowed: true,
+        ...(ops.length > 0
+          ? { patchType: 'JSONPatch' as const, patch: Buffer.from(JSON.stringify(ops)).toString('base64') }
+          : {}),
+        ...(warning ? { warnings: [warning] } : {}),
+      });
+    }
+    if (existing !== undefined) stripPrelude(existing); // a block without its end marker is refused
+    if (parsed.forwards.length > 0 && !(existing !== undefined && hasPrelude(existing))) {
+      throw new SpecError(ANNOTATION.preExec, 'holds no backhaul prelude, so the job would never start the relay', {
+        accepted:
+          "a pod admitted through backhaul's mutating webhook (is its namespace selected by the MutatingWebhookConfiguration?)",
+      });
+    }
+    return respond({ allowed: true });
+  } catch (err) {
+    if (!isSpecError(err)) throw err;
+    return respond({ allowed: false, status: { code: 403, reason: 'Forbidden', message: err.message } });
+  }
+}

@@ -1,0 +1,70 @@
+import type { KubeConfig } from '@kubernetes/client-node';
+import type { Role } from '../workers/fleet.js';
+import type { FleetDeps } from '../workers/fleet-deps.js';
+import { EventRecorder, type EventRecorderOptions } from './event-recorder.js';
+import { loadKubeConfig } from './kube-api.js';
+import { PodWatcher, type PodWatcherOptions } from './pod-watcher.js';
+import { transitionHook } from './transition-events.js';
+import { WebhookServer, type WebhookServerOptions } from './webhook-server.js';
+
+export interface ClusterRoleOptions {
+  /** Instead of Backhaul.Kubernetes.Kubeconfig / the service account. */
+  kubeConfig?: KubeConfig;
+  watcher?: Omit<PodWatcherOptions, 'recorder'>;
+  webhook?: Omit<WebhookServerOptions, 'config' | 'log'>;
+  recorder?: Omit<EventRecorderOptions, 'log'>;
+}
+
+export interface ClusterRoles {
+  watcher: PodWatcher | undefined;
+  webhook: WebhookServer | undefined;
+  /** Records Events for the control role's transitions (and the watcher's warnings), when a cluster is known. */
+  recorder: EventRecorder | undefined;
+  stop(): Promise<void>;
+}
+
+/**
+ * The Kubernetes side of a fleet member (src/workers/fleet.ts): the watch and webhook roles, and the
+ * Event recorder behind the control role's `onTransition` hook. Without a cluster (no kubeconfig, not in
+ * a pod) the control role simply records no Events; the watch role refuses to start.
+ */
+export async function startClusterRoles(
+  deps: FleetDeps,
+  roles: readonly Role[],
+  opts: ClusterRoleOptions = {},
+): Promise<ClusterRoles> {
+  const cfg = deps.config.Backhaul.Kubernetes;
+  const log = deps.log;
+  const needsCluster = roles.includes('watch');
+  const wantsEvents = cfg.RecordEvents && (roles.includes('control') || roles.includes('watch'));
+  const kubeConfig = needsCluster || wantsEvents ? (opts.kubeConfig ?? loadKubeConfig(cfg)) : undefined;
+  if (needsCluster && !kubeConfig) {
+    throw new Error(
+      'the watch role needs a cluster: set Backhaul.Kubernetes.Kubeconfig, or run it in a pod with a service account',
+    );
+  }
+  const recorder =
+    wantsEvents && kubeConfig
+      ? EventRecorder.fromKubeConfig(kubeConfig, { ...opts.recorder, log: log.child({ part: 'events' }) })
+      : undefined;
+  if (recorder && roles.includes('control')) deps.onTransition = transitionHook(recorder, log);
+
+  let webhook: WebhookServer | undefined;
+  if (roles.includes('webhook')) {
+    webhook = await WebhookServer.start({ ...opts.webhook, config: deps.config, log: log.child({ role: 'webhook' }) });
+  }
+  let watcher: PodWatcher | undefined;
+  if (roles.includes('watch') && kubeConfig) {
+    watcher = new PodWatcher(deps, kubeConfig, cfg, { ...opts.watcher, ...(recorder ? { recorder } : {}) });
+    watcher.start();
+  }
+  return {
+    watcher,
+    webhook,
+    recorder,
+    stop: async () => {
+      await Promise.all([watcher?.stop(), webhook?.close()]);
+      await recorder?.flush();
+    },
+  };
+}

@@ -1,0 +1,73 @@
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+export interface HealthCheck {
+  name: string;
+  /** Resolves true when healthy; a rejection or a timeout counts as unhealthy. */
+  check: () => Promise<boolean> | boolean;
+}
+
+export interface HealthServer {
+  port: number;
+  close(): Promise<void>;
+}
+
+const CHECK_TIMEOUT_MS = 2_000;
+
+async function run(check: HealthCheck): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      Promise.resolve().then(() => check.check()),
+      new Promise<boolean>((resolve) => {
+        timer = setTimeout(() => resolve(false), CHECK_TIMEOUT_MS);
+      }),
+    ]);
+  } catch {
+    return false;
+  } finally {
+    if (timer) clearTimeout(timer);
+  }
+}
+
+/**
+ * Plain-HTTP probes for the fleet's pods (`backhaul worker --health-port`): GET /livez answers as long
+ * as the event loop runs (a wedged process is restarted); GET /readyz runs the readiness checks (Redis
+ * reachable, the pod watcher synced) and answers 503 with the failing ones. /healthz is /readyz.
+ */
+export async function startHealthServer(port: number, address: string, ready: HealthCheck[]): Promise<HealthServer> {
+  const server: Server = createServer((req, res) => {
+    const path = (req.url ?? '/').split('?')[0];
+    const reply = (status: number, body: unknown) => {
+      const text = JSON.stringify(body);
+      res.writeHead(status, { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(text) });
+      res.end(text);
+    };
+    if (req.method !== 'GET' && req.method !== 'HEAD') return reply(405, { error: 'use GET' });
+    if (path === '/livez') return reply(200, { status: 'ok' });
+    if (path === '/readyz' || path === '/healthz') {
+      void Promise.all(ready.map(async (c) => [c.name, await run(c)] as const)).then((results) => {
+        const failing = results.filter(([, ok]) => !ok).map(([name]) => name);
+        reply(failing.length === 0 ? 200 : 503, { status: failing.length === 0 ? 'ok' : 'not ready', failing });
+      });
+      return;
+    }
+    reply(404, { error: 'GET /livez or /readyz' });
+  });
+  server.requestTimeout = 10_000;
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, address, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  return {
+    port: (server.address() as AddressInfo).port,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
+  };
+}

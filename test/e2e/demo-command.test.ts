@@ -1,0 +1,71 @@
+import { spawn } from 'node:child_process';
+import { describe, expect, it } from 'vitest';
+import { DEMO_MODES } from '../../src/demo/stack.js';
+import { ensureUser, OTHER_USER } from '../fixtures/users.js';
+import { BIN } from '../fixtures/worker-process.js';
+
+/** The built `backhaul demo`, as a person runs it (`npm run demo`): one run per carrier mode. */
+
+interface Run {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+  ms: number;
+}
+
+function run(args: string[], options: { uid?: number; gid?: number; timeoutMs?: number } = {}): Promise<Run> {
+  const started = Date.now();
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [BIN, ...args], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      ...(options.uid === undefined ? {} : { uid: options.uid, gid: options.gid ?? options.uid, cwd: '/tmp' }),
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d: Buffer) => {
+      stdout += d.toString();
+    });
+    child.stderr.on('data', (d: Buffer) => {
+      stderr += d.toString();
+    });
+    // SIGINT, as a person would press Ctrl-C: the demo still cleans up.
+    const timer = setTimeout(() => child.kill('SIGINT'), options.timeoutMs ?? 150_000);
+    child.on('error', reject);
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr, ms: Date.now() - started });
+    });
+  });
+}
+
+describe('backhaul demo', () => {
+  it.each(DEMO_MODES)('--mode %s runs end to end, prints the service answer and exits 0', async (mode) => {
+    const { code, stdout, stderr, ms } = await run(['demo', '--mode', mode]);
+    expect(code, `${stdout}\n${stderr}`).toBe(0);
+    expect(stdout).toContain(
+      'GET http://minio.demo.svc.cluster.local:9000/ -> 200 Hello from minio.demo.svc.cluster.local:9000, a service inside the cluster',
+    );
+    expect(stdout).toMatch(/GET \/demo\/results\.bin -> 200, 8388608 bytes, identical to what it sent/);
+    expect(stdout).toMatch(/FORWARDS_READY +establishingForwards → active/);
+    expect(stdout).toMatch(/POD_DELETED +active → tearingDown/);
+    expect(stdout).not.toContain('✗');
+    expect(stdout).toContain(`Summary (mode ${mode})`);
+    // For people: no JSON log lines on the terminal.
+    expect(`${stdout}${stderr}`).not.toMatch(/"level":\d+/);
+    // A demo run should take well under a minute; leave room for a busy 2-core machine.
+    expect(ms).toBeLessThan(90_000);
+    process.stdout.write(`backhaul demo --mode ${mode}: ${(ms / 1000).toFixed(1)} s\n`);
+  }, 180_000);
+
+  it('refuses to run without root, saying why, and exits 1', async () => {
+    const other = await ensureUser(OTHER_USER);
+    const { code, stdout, stderr } = await run(['demo', '--redis', 'redis://127.0.0.1:1'], {
+      uid: other.uid,
+      gid: other.gid,
+      timeoutMs: 60_000,
+    });
+    expect(code).toBe(1);
+    expect(stdout).toContain('✗ the demo failed in phase [1/9] Checking this machine');
+    expect(stderr).toMatch(/backhaul: the demo failed in phase \[1\/9\] Checking this machine: .*needs root/);
+  }, 90_000);
+});
