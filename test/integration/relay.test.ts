@@ -234,6 +234,8 @@ function exchange(
     let localPort = 0;
     const socket = net.connect({ host, port, family: options.family ?? 4, allowHalfOpen: true });
     sockets.add(socket);
+    // Never hang a test on one connection: the relay closes refused ones at once.
+    socket.setTimeout(15_000, () => socket.destroy(new Error('no answer within 15 s')));
     socket.on('connect', () => {
       connectedAt = Date.now();
       localAddress = socket.localAddress ?? '';
@@ -579,7 +581,12 @@ describe('relay.py serve', () => {
     });
     await relay.ready;
 
-    const fromRoot = await exchange(mapped, port, 'secret from root over v6', { family: 6, end: false });
+    // The sandbox's network stack has been seen to drop an IPv4-mapped SYN now and then: a connection
+    // that never opened is tried again (what is under test is the relay's answer, not the connect).
+    let fromRoot = await exchange(mapped, port, 'secret from root over v6', { family: 6, end: false });
+    for (let tries = 1; tries < 3 && fromRoot.localAddress === ''; tries += 1) {
+      fromRoot = await exchange(mapped, port, 'secret from root over v6', { family: 6, end: false });
+    }
     expect(fromRoot.localAddress).toMatch(/^::ffff:/);
     expect(fromRoot.data.length).toBe(0);
     // The owner was found (in /proc/net/tcp6): the line names uid 0, not "owner unknown".
