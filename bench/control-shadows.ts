@@ -1,0 +1,417 @@
+/**
+ * Heap per idle shadow (DESIGN §6: under 256 KiB), on the loopback site (real login sshd, real node
+ * sshd, real Slurm, the real prelude and relay in every job). Run by bench/control.ts as a child:
+ *
+ *   node --expose-gc --import tsx bench/control-shadows.ts --mode raw|session --shadows N [--warm 10]
+ *        [--wave 20] [--idle-ms 15000] [--jobs-file PATH] [--redis URL]
+ *
+ * Each shadow needs its own Slurm job (named after the pod UID: the prelude derives the socket dir from
+ * it and starts the relay there). All N + warm jobs are submitted first (`prelude; sleep`) and must be
+ * RUNNING; then:
+ *   raw      N ShadowSessions in this process (src/ssh/shadow-session.ts), sharing one SiteAccess;
+ *   session  the session role in this process (startFleet roles [session], as `backhaul worker` runs it)
+ *            and a `backhaul worker --roles control` process; pods are sent POD_UPSERT and each becomes a
+ *            SessionHost job holding its ShadowSession, lease renewal and all.
+ * Shadows start in waves (the single login connection must not get more exec channels at once than the
+ * login sshd's MaxSessions). `warm` shadows are established first and the baseline heap taken after them
+ * (one-time costs: the login connection, ssh2's crypto, BullMQ's worker), then N more; after `idle-ms`
+ * of idling (keepalives, socket checks, lease renewals) heapUsed is read after global.gc().
+ * Every forward's socket is checked on the node. Prints `RESULT <json>` and cleans up after itself.
+ */
+
+import { execFile } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { mkdtemp, rm, stat } from 'node:fs/promises';
+import { freemem, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs, promisify } from 'node:util';
+import { stringify as toYaml } from 'yaml';
+import { silentLogger } from '../src/log.js';
+import type { SessionPlan } from '../src/render/session-plan.js';
+import { socketDir } from '../src/spec/derivations.js';
+import { parseSiteConfig, type SiteConfig } from '../src/spec/site-config.js';
+import type { ShadowEnd, ShadowPhase } from '../src/ssh/shadow-session.js';
+import { ShadowSession } from '../src/ssh/shadow-session.js';
+import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
+import { createRedis } from '../src/store/redis.js';
+import { type RunningFleet, startFleet } from '../src/workers/fleet.js';
+import { sendEvent } from '../src/workers/queues.js';
+import { startLoopbackSite } from '../test/fixtures/loopback-site.js';
+import { echoServer, jobScript, planFor } from '../test/fixtures/shadow-harness.js';
+import { sbatch, scancel } from '../test/fixtures/slurm.js';
+import { descendantsOf } from '../test/fixtures/sshd.js';
+import { type Child, cleanupAll, onCleanup, say, sleep, spawnChild } from './control-common.js';
+
+const execFileAsync = promisify(execFile);
+const ROOT = new URL('..', import.meta.url).pathname;
+
+const { values } = parseArgs({
+  options: {
+    mode: { type: 'string', default: 'raw' },
+    shadows: { type: 'string', default: '100' },
+    warm: { type: 'string', default: '10' },
+    wave: { type: 'string', default: '10' },
+    'idle-ms': { type: 'string', default: '15000' },
+    'jobs-file': { type: 'string' },
+    redis: { type: 'string', default: 'redis://127.0.0.1:6379/9' },
+    run: { type: 'string' },
+  },
+});
+const MODE = values.mode === 'session' ? 'session' : 'raw';
+const N = Number(values.shadows);
+const WARM = Number(values.warm);
+const WAVE = Number(values.wave);
+const JOB_BATCH = 10;
+const IDLE_MS = Number(values['idle-ms']);
+const URL_ = values.redis ?? 'redis://127.0.0.1:6379/9';
+const gc = (globalThis as { gc?: () => void }).gc;
+if (!gc) throw new Error('run with node --expose-gc');
+
+function heapNow(): { heapUsed: number; rss: number; external: number; arrayBuffers: number } {
+  for (let i = 0; i < 4; i += 1) gc?.();
+  const m = process.memoryUsage();
+  return { heapUsed: m.heapUsed, rss: m.rss, external: m.external, arrayBuffers: m.arrayBuffers };
+}
+
+/** MemAvailable of the machine (bytes): what the node side (sshd, relay, slurmstepd) costs shows here. */
+function memAvailable(): number {
+  const m = /MemAvailable:\s+(\d+) kB/.exec(readFileSync('/proc/meminfo', 'utf8'));
+  return m ? Number(m[1]) * 1024 : freemem();
+}
+
+const uidOf = (run: string, i: number) => `${run}-0000-4000-8000-${(i + 1).toString(16).padStart(12, '0')}`;
+
+export function runPrefix(): string {
+  return Math.floor(Math.random() * 0xffffffff)
+    .toString(16)
+    .padStart(8, '0');
+}
+
+/**
+ * Cancels every job of this run (found by name, so a job submitted while cleaning up is not missed), waits
+ * for them to end, and removes socket dirs their preludes left: a batch script killed before its EXIT
+ * trap ran (scancel's KillWait is 5 s, and a loaded machine misses it) keeps its dir.
+ */
+export async function cancelRun(run: string, user: string, socketRoot: string, count: number): Promise<void> {
+  const prefix = `${run}-0000-4000-8000-`;
+  const ours = async () => {
+    const { stdout } = await execFileAsync('squeue', ['-h', '-u', user, '-o', '%i %j']).catch(() => ({ stdout: '' }));
+    return stdout
+      .split('\n')
+      .map((l) => l.trim().split(' '))
+      .filter(([id, name]) => id && name?.startsWith(prefix))
+      .map(([id]) => id as string);
+  };
+  const deadline = Date.now() + 60_000;
+  for (let ids = await ours(); ids.length > 0 && Date.now() < deadline; ids = await ours()) {
+    for (let i = 0; i < ids.length; i += 200) await scancel(ids.slice(i, i + 200)).catch(() => undefined);
+    await sleep(2_000);
+  }
+  for (let i = 0; i < count; i += 1) {
+    await rm(socketDir(socketRoot, uidOf(run, i)), { recursive: true, force: true }).catch(() => undefined);
+  }
+}
+
+const started = Date.now();
+const elapsed = () => `${((Date.now() - started) / 1000).toFixed(0)} s`;
+
+const site = await startLoopbackSite({ nodeForwarding: 'allowed' });
+onCleanup('loopback site (sshds)', () => site.stop());
+const echo = await echoServer();
+onCleanup('echo server', () => echo.server.close());
+const workdir = await mkdtemp(join(tmpdir(), 'bh-bench-shadows-'));
+onCleanup('work dir', () => rm(workdir, { recursive: true, force: true }));
+
+// The site's defaults (keepalive 2 s, socket check 3 s, lease TTL 5 s): an idle shadow as it idles in production.
+const configData = {
+  Network: {
+    SSH: {
+      ...site.siteConfig.Network.SSH,
+      Reverse: { ...site.siteConfig.Network.SSH.Reverse, PythonPath: '/usr/bin/python3', WaitForForwards: '60m' },
+    },
+  },
+  Backhaul: { Redis: { URL: URL_ }, SessionCapacity: N + WARM + 10, PhaseTimeout: '10m' },
+};
+const config: SiteConfig = parseSiteConfig(configData);
+const access: SiteAccess = await openSiteAccess(config);
+onCleanup('login pool', () => access.pool.close());
+const h = { site, config, access, workdir };
+
+/** The pods' UIDs are <run>-0000-4000-8000-<n>: the jobs are found (and cancelled) by that prefix. */
+const run = values.run ?? runPrefix();
+const total = WARM + N;
+const forwards = `9000:127.0.0.1:${echo.port} 6379:127.0.0.1:${echo.port}`;
+const uids = Array.from({ length: total }, (_, i) => uidOf(run, i));
+const plans = new Map<string, SessionPlan>(uids.map((uid) => [uid, planFor(h, uid, forwards)]));
+
+// ---- the jobs: prelude + sleep, named after the pods
+const jobIds: string[] = [];
+let cleaning = false;
+onCleanup('Slurm jobs and socket dirs', async () => {
+  cleaning = true;
+  await cancelRun(run, site.user.name, config.Network.SSH.Reverse.SocketRoot, total);
+});
+say(`shadows(${MODE}): submitting ${total} jobs (prelude + sleep) as ${site.user.name}, ${JOB_BATCH} at a time`);
+const jobOf = new Map<string, string>();
+/**
+ * Jobs go in small batches, each RUNNING before the next is submitted: on this shared 2-core machine a
+ * burst of 100+ batch launches made slurmd time out ("Could not confirm batch launch") and requeue or
+ * hold jobs, for other test runs too. A job held after a failed launch is released.
+ */
+async function waitRunning(list: readonly string[], timeoutMs: number): Promise<number> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const { stdout } = await execFileAsync('squeue', ['-h', '-u', site.user.name, '-o', '%j|%T|%r']);
+    const states = new Map<string, { state: string; reason: string }>();
+    for (const line of stdout.split('\n')) {
+      const [name, state, reason] = line.trim().split('|');
+      if (name && state) states.set(name, { state, reason: reason ?? '' });
+    }
+    const running = list.filter((u) => states.get(u)?.state === 'RUNNING').length;
+    if (running === list.length || Date.now() > deadline) return running;
+    for (const uid of list) {
+      const s = states.get(uid);
+      const id = jobOf.get(uid);
+      if (id && s && /held/i.test(s.reason)) await execFileAsync('scontrol', ['release', id]).catch(() => undefined);
+    }
+    await sleep(1_000);
+  }
+}
+for (let i = 0; i < uids.length; i += JOB_BATCH) {
+  const batch = uids.slice(i, i + JOB_BATCH);
+  for (const uid of batch) {
+    if (cleaning) break;
+    const plan = plans.get(uid) as SessionPlan;
+    const id = await sbatch(site.user, jobScript(h, plan, 'sleep 86400\n'), { jobName: uid });
+    jobIds.push(id);
+    jobOf.set(uid, id);
+    if (values['jobs-file']) writeFileSync(values['jobs-file'], `${jobIds.join('\n')}\n`);
+  }
+  const running = await waitRunning(batch, 180_000);
+  if (running < batch.length) say(`shadows(${MODE}): only ${running}/${batch.length} of a batch RUNNING after 180 s`);
+  if ((i / JOB_BATCH) % 5 === 4) say(`shadows(${MODE}): ${i + batch.length}/${total} jobs submitted (${elapsed()})`);
+}
+{
+  const running = await waitRunning(uids, 300_000);
+  if (running < total) throw new Error(`only ${running}/${total} jobs RUNNING`);
+}
+say(`shadows(${MODE}): all ${total} jobs RUNNING (${elapsed()})`);
+
+// ---- the shadows
+const failures: string[] = [];
+/** Shadows that failed before FORWARDS_READY and were started again. */
+const retries: string[] = [];
+
+async function socketsPresent(list: readonly string[]): Promise<number> {
+  let n = 0;
+  for (const uid of list) {
+    for (const f of plans.get(uid)?.forwards ?? []) {
+      if ((await stat(f.socketPath).catch(() => undefined))?.isSocket()) n += 1;
+    }
+  }
+  return n;
+}
+
+let startShadows: (list: readonly string[]) => Promise<void>;
+let stopAll: () => Promise<void>;
+let fleet: RunningFleet | undefined;
+const sessions = new Map<string, { session: ShadowSession; ended: Promise<ShadowEnd> }>();
+
+if (MODE === 'raw') {
+  /** One shadow until FORWARDS_READY; a failure before that is retried (a session host's machine would relaunch). */
+  const establish = async (uid: string): Promise<void> => {
+    for (let attempt = 1; ; attempt += 1) {
+      let resolveReady: () => void = () => undefined;
+      let rejectReady: (e: Error) => void = () => undefined;
+      const ready = new Promise<void>((resolve, reject) => {
+        resolveReady = resolve;
+        rejectReady = reject;
+      });
+      const session = new ShadowSession({
+        plan: plans.get(uid) as SessionPlan,
+        pool: access.pool,
+        site: access.carrier,
+        nodeWaitTimeoutMs: config.Network.SSH.NodeWaitTimeout,
+        socketCheckMs: config.Backhaul.SocketCheckInterval,
+        log: { warn: () => undefined, info: () => undefined },
+        onPhase: (phase: ShadowPhase) => {
+          if (phase.type === 'FORWARDS_READY') resolveReady();
+          else if (!['SHADOW_UP', 'BATCH_HOST', 'CARRIER_OPEN'].includes(phase.type)) {
+            rejectReady(new Error(`${uid}: ${JSON.stringify(phase)}`));
+          }
+        },
+      });
+      const ended = session.run();
+      void ended.then((end) => rejectReady(new Error(`${uid} ended: ${JSON.stringify(end)}`)));
+      sessions.set(uid, { session, ended });
+      const timer = setTimeout(() => rejectReady(new Error(`${uid}: not ready within 180 s`)), 180_000);
+      try {
+        await ready;
+        clearTimeout(timer);
+        return;
+      } catch (err) {
+        clearTimeout(timer);
+        retries.push((err as Error).message);
+        await session.close('retry');
+        if (attempt >= 5) {
+          failures.push((err as Error).message);
+          return;
+        }
+        await sleep(500 * attempt);
+      }
+    }
+  };
+  startShadows = async (list) => {
+    await Promise.all(list.map((uid) => establish(uid)));
+  };
+  stopAll = async () => {
+    await Promise.all([...sessions.values()].map((s) => s.session.close('bench done')));
+  };
+} else {
+  const redis = createRedis(URL_, { connectionName: 'bench-shadows' });
+  await redis.flushdb();
+  onCleanup('redis db', async () => {
+    await redis.flushdb().catch(() => undefined);
+    redis.disconnect();
+  });
+  const configPath = join(workdir, 'site.yaml');
+  writeFileSync(configPath, toYaml(configData));
+  const control: Child = spawnChild(
+    'control worker',
+    process.execPath,
+    [join(ROOT, 'bin', 'backhaul.js'), 'worker', '--roles', 'control', '--config', configPath, '--redis', URL_],
+    {
+      env: { ...process.env, BACKHAUL_LOG_LEVEL: 'warn' },
+      logFile: join(tmpdir(), `bh-bench-shadows-control-${run}.log`),
+    },
+  );
+  onCleanup('control worker', () => control.stop());
+  await sleep(3_000);
+  const hostConn = createRedis(URL_, { connectionName: 'bench-session-host' });
+  fleet = await startFleet(config, hostConn, silentLogger(), { roles: ['session'], hostId: 'bench-session-host' });
+  const queues = fleet.deps.queues;
+  onCleanup('session host', async () => {
+    await fleet?.stop();
+    hostConn.disconnect();
+  });
+  const stateOf = async (uid: string) => (await redis.hget(`bh:pod:${uid}`, 'state')) ?? '(none)';
+  startShadows = async (list) => {
+    await Promise.all(
+      list.map((uid, i) =>
+        sendEvent(queues, uid, {
+          type: 'POD_UPSERT',
+          namespace: 'user',
+          name: `idle-${i}-${uid.slice(-6)}`,
+          annotations: { 'interlink.eu/reverse-forwards': forwards },
+          at: Date.now(),
+        }),
+      ),
+    );
+    const deadline = Date.now() + 180_000;
+    const pending = new Set(list);
+    while (pending.size > 0 && Date.now() < deadline) {
+      for (const uid of [...pending]) {
+        const s = await stateOf(uid);
+        if (s === 'active') pending.delete(uid);
+        else if (s === 'failed') {
+          pending.delete(uid);
+          failures.push(`${uid}: failed`);
+        }
+      }
+      await sleep(250);
+    }
+    for (const uid of pending) failures.push(`${uid}: still ${await stateOf(uid)}`);
+    for (const uid of list) {
+      const hist = await redis.xrange(`bh:hist:${uid}`, '-', '+');
+      for (const [, fields] of hist) {
+        const type = fields[fields.indexOf('event') + 1] ?? '';
+        if (type === 'CARRIER_LOST' || type === 'SESSION_FAILED' || type === 'DEADLINE') {
+          retries.push(`${uid}: ${type} ${fields[fields.indexOf('detail') + 1] ?? ''}`);
+        }
+      }
+    }
+  };
+  stopAll = async () => {
+    // The real teardown path: TEARDOWN → teardown step revokes the lease → the session closes.
+    for (const uid of uids) {
+      await sendEvent(queues, uid, {
+        type: 'TEARDOWN',
+        reason: 'bench done',
+        at: Date.now(),
+      });
+    }
+    const deadline = Date.now() + 120_000;
+    while ((await redis.zcard('bh:pods')) > 0 && Date.now() < deadline) await sleep(500);
+  };
+}
+onCleanup('shadows', () => stopAll());
+
+async function inWaves(list: readonly string[]): Promise<void> {
+  for (let i = 0; i < list.length; i += WAVE) {
+    await startShadows(list.slice(i, i + WAVE));
+    say(`shadows(${MODE}): ${Math.min(i + WAVE, list.length)}/${list.length} established (${elapsed()})`);
+  }
+}
+
+/** Proportional set size (KiB) of the node sshd's children: the carriers' sshd sessions and their shells. */
+function carrierPssKiB(): number {
+  let kib = 0;
+  for (const pid of descendantsOf(site.node.pid)) {
+    const m = /^Pss:\s+(\d+) kB/m.exec(readFileSafe(`/proc/${pid}/smaps_rollup`));
+    if (m) kib += Number(m[1]);
+  }
+  return kib;
+}
+function readFileSafe(path: string): string {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch {
+    return '';
+  }
+}
+
+const warmUids = uids.slice(0, WARM);
+const mainUids = uids.slice(WARM);
+await inWaves(warmUids);
+await sleep(3_000);
+const before = heapNow();
+const memBefore = memAvailable();
+const pssBefore = carrierPssKiB();
+await inWaves(mainUids);
+say(`shadows(${MODE}): idling ${IDLE_MS} ms`);
+await sleep(IDLE_MS);
+const after = heapNow();
+const memAfter = memAvailable();
+const pssAfter = carrierPssKiB();
+const sockets = await socketsPresent(mainUids);
+const expectedSockets = mainUids.length * 2;
+// Once more a little later: a steady heap, not one caught mid-allocation.
+await sleep(5_000);
+const later = heapNow();
+
+const result = {
+  mode: MODE,
+  shadows: N,
+  warm: WARM,
+  forwardsPerShadow: 2,
+  failures: failures.length,
+  failureSamples: failures.slice(0, 5),
+  retries: retries.length,
+  retrySamples: retries.slice(0, 5),
+  sockets,
+  expectedSockets,
+  heapBefore: before.heapUsed,
+  heapAfter: after.heapUsed,
+  heapLater: later.heapUsed,
+  heapPerShadowKiB: (after.heapUsed - before.heapUsed) / 1024 / Math.max(1, N - failures.length),
+  heapPerShadowLaterKiB: (later.heapUsed - before.heapUsed) / 1024 / Math.max(1, N - failures.length),
+  externalPerShadowKiB: (after.external - before.external) / 1024 / Math.max(1, N),
+  rssPerShadowKiB: (after.rss - before.rss) / 1024 / Math.max(1, N),
+  machineMemPerShadowMiB: (memBefore - memAfter) / 1024 / 1024 / Math.max(1, N),
+  nodeCarrierPssPerShadowKiB: (pssAfter - pssBefore) / Math.max(1, N),
+  loginConnections: access.pool.size,
+  seconds: (Date.now() - started) / 1000,
+};
+process.stdout.write(`RESULT ${JSON.stringify(result)}\n`);
+await cleanupAll();
+process.exit(0);

@@ -1,0 +1,399 @@
+/**
+ * End-to-end transitions per second of the control plane (DESIGN §6), driven the way the cluster drives it:
+ *
+ *   bench (pod watcher)   POD_UPSERT ×N ─────────────► bh-events ─► control worker process(es)
+ *                                                                   validate, render, launch steps (bh-steps)
+ *   bench (session host)  ◄── session job (bh-sessions) queued by the launch step
+ *                         SHADOW_UP → BATCH_HOST → CARRIER_OPEN → FORWARDS_READY, each sent when the one
+ *                         before is stored (closed loop per pod, all pods at once), then completes the
+ *                         session job and sends TEARDOWN ─► teardown step ─► done (record forgotten).
+ *
+ * No SSH, no Slurm: the bench plays the session host (it takes the session job and the lease, as a real
+ * one does, so the reaper sees a live shadow), so what is measured is the control path only: BullMQ
+ * jobs, the load → transition → compare-and-set loop, the effects (step jobs, deadline jobs).
+ *
+ * Each pod stores 9 transitions: (new)→validating, →rendering, →launchingShadow, →waitingBatchHost,
+ * →openingCarrier, →establishingForwards, →active, →tearingDown, →done. They are counted from the
+ * pods' history streams, and timed on the Redis clock from just before the first enqueue to the
+ * stream id of the last history entry written.
+ */
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { type Job, QueueEvents, Worker } from 'bullmq';
+import type { Redis } from 'ioredis';
+import type { PodEvent } from '../src/machines/pod-machine.js';
+import { RedisKeys } from '../src/store/keys.js';
+import { LeaseStore } from '../src/store/lease-store.js';
+import { createRedis, redisTimeMs } from '../src/store/redis.js';
+import { openQueues, QUEUE_NAMES, type SessionJobData, sendEvent } from '../src/workers/queues.js';
+import {
+  type Child,
+  commandCalls,
+  diffCalls,
+  machineCpu,
+  onCleanup,
+  procCpuSeconds,
+  redisCpuSeconds,
+  say,
+  selfCpuSeconds,
+  sleep,
+  spawnChild,
+} from './control-common.js';
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+export const TRANSITIONS_PER_POD = 9;
+
+/** How the control workers are run. */
+export type WorkerSpec =
+  | { kind: 'cli' }
+  /** bench/control-worker-variant.ts with these arguments (see there). */
+  | { kind: 'variant'; label: string; args: string[] };
+
+export function describeSpec(spec: WorkerSpec): string {
+  if (spec.kind === 'cli') return 'backhaul worker --roles control';
+  return spec.label;
+}
+
+/** The site configuration the control workers run with: no SSH is ever made by the control role. */
+export function writeControlConfig(dir: string, url: string): string {
+  const path = join(dir, 'control-site.yaml');
+  writeFileSync(
+    path,
+    [
+      '# backhaul bench/control.ts: control role only; the key file is never read by it.',
+      'Network:',
+      '  SSH:',
+      '    LoginHost: 127.0.0.1',
+      '    Port: 22',
+      '    User: bhjob',
+      '    KeyFile: /nonexistent/bench-control-key',
+      '    InsecureAcceptAnyHostKey: true',
+      '    Reverse:',
+      '      Enabled: true',
+      'Backhaul:',
+      '  Redis:',
+      `    URL: ${url}`,
+      // Long enough that no deadline of a benchmark run falls due.
+      '  PhaseTimeout: 30m',
+      '',
+    ].join('\n'),
+  );
+  return path;
+}
+
+export interface StartWorkersOptions {
+  spec: WorkerSpec;
+  count: number;
+  configPath: string;
+  url: string;
+  logDir: string;
+  /** node --cpu-prof into this directory. */
+  cpuProfDir?: string;
+}
+
+export async function startWorkers(opts: StartWorkersOptions): Promise<Child[]> {
+  const children: Child[] = [];
+  for (let i = 0; i < opts.count; i += 1) {
+    const hostId = `bench-control-${i + 1}`;
+    const nodeFlags = opts.cpuProfDir ? ['--cpu-prof', '--cpu-prof-dir', opts.cpuProfDir] : [];
+    const args =
+      opts.spec.kind === 'cli'
+        ? [
+            ...nodeFlags,
+            join(ROOT, 'bin', 'backhaul.js'),
+            'worker',
+            '--roles',
+            'control',
+            '--config',
+            opts.configPath,
+            '--redis',
+            opts.url,
+            '--host-id',
+            hostId,
+          ]
+        : [
+            ...nodeFlags,
+            '--import',
+            'tsx',
+            join(ROOT, 'bench', 'control-worker-variant.ts'),
+            '--config',
+            opts.configPath,
+            '--redis',
+            opts.url,
+            ...opts.spec.args,
+          ];
+    const child = spawnChild(hostId, process.execPath, args, {
+      cwd: ROOT,
+      env: { ...process.env, BACKHAUL_LOG_LEVEL: 'info' },
+      logFile: join(opts.logDir, `${hostId}.log`),
+    });
+    children.push(child);
+  }
+  await Promise.all(children.map((c) => c.waitFor(/fleet started/, 60_000)));
+  return children;
+}
+
+export interface ThroughputResult {
+  workers: number;
+  spec: string;
+  pods: number;
+  transitions: number;
+  expected: number;
+  seconds: number;
+  perSecond: number;
+  /** Completed jobs of bh-events: applied (stored a transition) and ignored. */
+  eventJobs: { applied: number; ignored: number; failed: number; reaper: number };
+  stepJobs: { completed: number; failed: number };
+  /** CPU seconds during the run. */
+  cpu: { workers: number[]; bench: number; redis: number; machineBusy: number; wall: number };
+  /** Redis commands per stored transition (server-wide counts, other clients' rate before the run subtracted). */
+  commandsPerTransition: Map<string, number>;
+  extraEvents: Map<string, number>;
+  /** Ignored events by type ("ignored STEP_DONE" …). */
+  ignoredKinds: Map<string, number>;
+}
+
+function uidOf(run: number, i: number): string {
+  const hex = (i + 1).toString(16).padStart(12, '0');
+  return `be0c${run.toString(16).padStart(4, '0')}-0000-4000-8000-${hex}`;
+}
+
+const ANNOTATIONS = {
+  'interlink.eu/reverse-forwards':
+    '9000:minio.user.svc.cluster.local:9000 6379:redis.user.svc.cluster.local:6379 6443:kubernetes.default.svc.cluster.local:443',
+};
+
+/**
+ * One measured run against running workers: flushes the database first (the workers keep their
+ * connections), drives `pods` pods from POD_UPSERT to done, and reports.
+ */
+export async function driveOnce(opts: {
+  url: string;
+  pods: number;
+  run: number;
+  workers: Child[];
+  spec: string;
+  timeoutMs?: number;
+}): Promise<ThroughputResult> {
+  const { url, pods } = opts;
+  const keys = new RedisKeys();
+  const redis = createRedis(url, { connectionName: 'bench-driver' });
+  const qeConn = createRedis(url, { connectionName: 'bench-queue-events' });
+  const qeStepsConn = createRedis(url, { connectionName: 'bench-queue-events-steps' });
+  const hostConn = createRedis(url, { connectionName: 'bench-session-host' });
+  const queues = openQueues(redis);
+  const leases = new LeaseStore(redis, { keys });
+  let host: Worker<SessionJobData> | undefined;
+  // Completions of bh-events jobs: the closed loop waits on the ones it added.
+  const events = new QueueEvents(QUEUE_NAMES.events, { connection: qeConn });
+  const stepEvents = new QueueEvents(QUEUE_NAMES.steps, { connection: qeStepsConn });
+  const closeAll = onCleanup(`driver run ${opts.run}`, async () => {
+    await Promise.allSettled([host?.close(true), events.close(), stepEvents.close(), queues.close()]);
+    for (const c of [redis, qeConn, qeStepsConn, hostConn]) c.disconnect();
+  });
+
+  const waiters = new Map<string, (outcome: string) => void>();
+  const early = new Map<string, string>();
+  const eventJobs = { applied: 0, ignored: 0, failed: 0, reaper: 0 };
+  const ignoredKinds = new Map<string, number>();
+  const stepJobs = { completed: 0, failed: 0 };
+  const settle = (jobId: string, outcome: string) => {
+    const waiter = waiters.get(jobId);
+    if (waiter) {
+      waiters.delete(jobId);
+      waiter(outcome);
+    } else early.set(jobId, outcome);
+  };
+  events.on('completed', ({ jobId, returnvalue }) => {
+    const rv = String(returnvalue);
+    if (rv.startsWith('ignored')) {
+      eventJobs.ignored += 1;
+      const kind = rv.replace(/ in \S+$/, '');
+      ignoredKinds.set(kind, (ignoredKinds.get(kind) ?? 0) + 1);
+    } else if (rv.startsWith('reaped')) eventJobs.reaper += 1;
+    else eventJobs.applied += 1;
+    settle(jobId, rv);
+  });
+  events.on('failed', ({ jobId, failedReason }) => {
+    eventJobs.failed += 1;
+    settle(jobId, `failed: ${failedReason}`);
+  });
+  stepEvents.on('completed', () => {
+    stepJobs.completed += 1;
+  });
+  stepEvents.on('failed', () => {
+    stepJobs.failed += 1;
+  });
+  await Promise.all([events.waitUntilReady(), stepEvents.waitUntilReady()]);
+  // QueueEvents reads from '$': give its first XREAD a moment to be in place.
+  await sleep(200);
+
+  const applied = async (uid: string, event: PodEvent): Promise<string> => {
+    const job = (await sendEvent(queues, uid, event)) as Job;
+    const id = String(job.id);
+    const seen = early.get(id);
+    if (seen !== undefined) {
+      early.delete(id);
+      return seen;
+    }
+    return new Promise((resolve) => waiters.set(id, resolve));
+  };
+
+  // The session host: one shadow per session job, reports in order, each once the one before is stored.
+  let sessions = 0;
+  let teardowns = 0;
+  const problems: string[] = [];
+  host = new Worker<SessionJobData>(
+    QUEUE_NAMES.sessions,
+    async (job) => {
+      const { uid, generation } = job.data;
+      const lease = await leases.acquire(uid, 'bench-host', generation, 600_000);
+      if (!lease.ok) problems.push(`${uid}: lease ${lease.reason}`);
+      const n = Number.parseInt(uid.slice(-12), 16);
+      const reports: PodEvent[] = [
+        { type: 'SHADOW_UP', host: 'bench-host', generation, at: Date.now() },
+        { type: 'BATCH_HOST', batchHost: 'bhnode1', jobId: String(100_000 + n), generation, at: Date.now() },
+        { type: 'CARRIER_OPEN', generation, at: Date.now() },
+        { type: 'FORWARDS_READY', generation, at: Date.now() },
+      ];
+      for (const report of reports) {
+        const outcome = await applied(uid, { ...report, at: Date.now() });
+        if (!outcome.includes('→')) problems.push(`${uid}: ${report.type}: ${outcome}`);
+      }
+      return 'held';
+    },
+    { connection: hostConn, concurrency: pods, autorun: false },
+  );
+  host.on('completed', (job) => {
+    sessions += 1;
+    // The tunnel is up and its job done: an operator (or the watcher) tears the pod down.
+    sendEvent(queues, job.data.uid, { type: 'TEARDOWN', reason: 'bench', at: Date.now() }).then(
+      () => {
+        teardowns += 1;
+      },
+      (err: Error) => problems.push(`${job.data.uid}: TEARDOWN: ${err.message}`),
+    );
+  });
+  host.on('failed', (job, err) => problems.push(`session ${job?.id}: ${err.message}`));
+  void host.run();
+
+  const uids = Array.from({ length: pods }, (_, i) => uidOf(opts.run, i));
+  // Other clients of this Redis (other test runs) are counted by INFO commandstats too: take their rate
+  // over 2 s before the run and subtract it (approximate).
+  const callsBg0 = await commandCalls(redis);
+  const bgT0 = performance.now();
+  await sleep(2_000);
+  const calls0 = await commandCalls(redis);
+  const background = diffCalls(callsBg0, calls0);
+  const bgSeconds = (performance.now() - bgT0) / 1000;
+  const cpu0 = {
+    workers: opts.workers.map((w) => procCpuSeconds(w.pid)),
+    bench: selfCpuSeconds(),
+    redis: await redisCpuSeconds(redis),
+    machine: machineCpu(),
+  };
+  const t0 = redisTimeMs((await redis.time()) as unknown as [string, string]);
+  const wall0 = performance.now();
+
+  // The pod watcher: every pod appears at once.
+  await Promise.all(
+    uids.map((uid, i) =>
+      sendEvent(queues, uid, {
+        type: 'POD_UPSERT',
+        namespace: 'user',
+        name: `bench-${i + 1}`,
+        annotations: ANNOTATIONS,
+        at: Date.now(),
+      }),
+    ),
+  );
+
+  const deadline = Date.now() + (opts.timeoutMs ?? 600_000);
+  for (;;) {
+    if (teardowns >= pods && (await redis.zcard(keys.pods())) === 0) break;
+    if (Date.now() > deadline) {
+      const states = new Map<string, number>();
+      for (const uid of uids) {
+        const s = (await redis.hget(keys.pod(uid), 'state')) ?? '(gone)';
+        states.set(s, (states.get(s) ?? 0) + 1);
+      }
+      throw new Error(
+        `run ${opts.run}: not finished in time: ${sessions} sessions, ${teardowns} teardowns; states ${JSON.stringify([...states])}; problems: ${problems.slice(0, 5).join('; ')}`,
+      );
+    }
+    await sleep(50);
+  }
+  const wall = (performance.now() - wall0) / 1000;
+  const cpu1 = {
+    workers: opts.workers.map((w) => procCpuSeconds(w.pid)),
+    bench: selfCpuSeconds(),
+    redis: await redisCpuSeconds(redis),
+    machine: machineCpu(),
+  };
+  const calls1 = await commandCalls(redis);
+
+  // Count and time the stored transitions from the history streams.
+  const pipe = redis.pipeline();
+  for (const uid of uids) {
+    pipe.xlen(keys.history(uid));
+    pipe.xrevrange(keys.history(uid), '+', '-', 'COUNT', 1);
+  }
+  const replies = (await pipe.exec()) ?? [];
+  let transitions = 0;
+  let last = t0;
+  for (let i = 0; i < uids.length; i += 1) {
+    transitions += Number(replies[2 * i]?.[1] ?? 0);
+    const entries = (replies[2 * i + 1]?.[1] ?? []) as [string, string[]][];
+    const id = entries[0]?.[0];
+    if (id) last = Math.max(last, Number(id.split('-')[0]));
+  }
+  // Events other than the 9 expected ones (CARRIER_LOST from the reaper, DEADLINE …) would show here.
+  const extra = new Map<string, number>();
+  const expectedEvents = new Set(['POD_UPSERT', 'STEP_DONE', 'SHADOW_UP', 'BATCH_HOST', 'CARRIER_OPEN']);
+  for (const e of ['FORWARDS_READY', 'TEARDOWN']) expectedEvents.add(e);
+  const histPipe = redis.pipeline();
+  for (const uid of uids) histPipe.xrange(keys.history(uid), '-', '+');
+  for (const [, entries] of (await histPipe.exec()) ?? []) {
+    for (const [, fields] of (entries ?? []) as [string, string[]][]) {
+      const type = fields[fields.indexOf('event') + 1] ?? '?';
+      if (!expectedEvents.has(type)) extra.set(type, (extra.get(type) ?? 0) + 1);
+    }
+  }
+  if (problems.length > 0) say(`run ${opts.run}: ${problems.length} problems, e.g. ${problems.slice(0, 3).join('; ')}`);
+
+  const seconds = (last - t0) / 1000;
+  const perTransition = new Map<string, number>();
+  for (const [cmd, n] of diffCalls(calls0, calls1)) {
+    const others = ((background.get(cmd) ?? 0) / bgSeconds) * wall;
+    const ours = Math.max(0, n - others);
+    if (ours > 0) perTransition.set(cmd, ours / Math.max(1, transitions));
+  }
+  await closeAll();
+  return {
+    workers: opts.workers.length,
+    spec: opts.spec,
+    pods,
+    transitions,
+    expected: pods * TRANSITIONS_PER_POD,
+    seconds,
+    perSecond: transitions / seconds,
+    eventJobs,
+    stepJobs,
+    cpu: {
+      workers: cpu1.workers.map((c, i) => c - (cpu0.workers[i] ?? 0)),
+      bench: cpu1.bench - cpu0.bench,
+      redis: cpu1.redis - cpu0.redis,
+      machineBusy: cpu1.machine.busy - cpu0.machine.busy,
+      wall,
+    },
+    commandsPerTransition: perTransition,
+    extraEvents: extra,
+    ignoredKinds,
+  };
+}
+
+/** Flushes the benchmark's database. */
+export async function flush(redis: Redis): Promise<void> {
+  await redis.flushdb();
+}
