@@ -28,7 +28,6 @@ import { parseArgs, promisify } from 'node:util';
 import { stringify as toYaml } from 'yaml';
 import { silentLogger } from '../src/log.js';
 import type { SessionPlan } from '../src/render/session-plan.js';
-import { socketDir } from '../src/spec/derivations.js';
 import { parseSiteConfig, type SiteConfig } from '../src/spec/site-config.js';
 import type { ShadowEnd, ShadowPhase } from '../src/ssh/shadow-session.js';
 import { ShadowSession } from '../src/ssh/shadow-session.js';
@@ -38,9 +37,10 @@ import { type RunningFleet, startFleet } from '../src/workers/fleet.js';
 import { sendEvent } from '../src/workers/queues.js';
 import { startLoopbackSite } from '../test/fixtures/loopback-site.js';
 import { echoServer, jobScript, planFor } from '../test/fixtures/shadow-harness.js';
-import { sbatch, scancel } from '../test/fixtures/slurm.js';
+import { sbatch } from '../test/fixtures/slurm.js';
 import { descendantsOf } from '../test/fixtures/sshd.js';
 import { type Child, cleanupAll, onCleanup, say, sleep, spawnChild } from './control-common.js';
+import { cancelRun, runPrefix, uidOf } from './control-slurm.js';
 
 const execFileAsync = promisify(execFile);
 const ROOT = new URL('..', import.meta.url).pathname;
@@ -77,39 +77,6 @@ function heapNow(): { heapUsed: number; rss: number; external: number; arrayBuff
 function memAvailable(): number {
   const m = /MemAvailable:\s+(\d+) kB/.exec(readFileSync('/proc/meminfo', 'utf8'));
   return m ? Number(m[1]) * 1024 : freemem();
-}
-
-const uidOf = (run: string, i: number) => `${run}-0000-4000-8000-${(i + 1).toString(16).padStart(12, '0')}`;
-
-export function runPrefix(): string {
-  return Math.floor(Math.random() * 0xffffffff)
-    .toString(16)
-    .padStart(8, '0');
-}
-
-/**
- * Cancels every job of this run (found by name, so a job submitted while cleaning up is not missed), waits
- * for them to end, and removes socket dirs their preludes left: a batch script killed before its EXIT
- * trap ran (scancel's KillWait is 5 s, and a loaded machine misses it) keeps its dir.
- */
-export async function cancelRun(run: string, user: string, socketRoot: string, count: number): Promise<void> {
-  const prefix = `${run}-0000-4000-8000-`;
-  const ours = async () => {
-    const { stdout } = await execFileAsync('squeue', ['-h', '-u', user, '-o', '%i %j']).catch(() => ({ stdout: '' }));
-    return stdout
-      .split('\n')
-      .map((l) => l.trim().split(' '))
-      .filter(([id, name]) => id && name?.startsWith(prefix))
-      .map(([id]) => id as string);
-  };
-  const deadline = Date.now() + 60_000;
-  for (let ids = await ours(); ids.length > 0 && Date.now() < deadline; ids = await ours()) {
-    for (let i = 0; i < ids.length; i += 200) await scancel(ids.slice(i, i + 200)).catch(() => undefined);
-    await sleep(2_000);
-  }
-  for (let i = 0; i < count; i += 1) {
-    await rm(socketDir(socketRoot, uidOf(run, i)), { recursive: true, force: true }).catch(() => undefined);
-  }
 }
 
 const started = Date.now();

@@ -23,15 +23,17 @@
  * BENCH_JSON: write every figure to this file. Redis database 9 is flushed before and after.
  */
 import { execFile } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { createRedis } from '../src/store/redis.js';
+import { JOB_USER } from '../test/fixtures/users.js';
 import { cleanupAll, fmt, machineCpu, median, onCleanup, say, sleep, spawnChild, table } from './control-common.js';
 import { summarizeProfile } from './control-cpuprofile.js';
 import { benchBatching, benchBullmq, benchMachine, benchStore } from './control-micro.js';
+import { cancelRun, runPrefix } from './control-slurm.js';
 import {
   driveOnce,
   startWorkers,
@@ -64,6 +66,7 @@ interface Experiment {
 }
 const variant = (label: string, ...args: string[]): WorkerSpec => ({ kind: 'variant', label, args });
 const ALL_FIXES = ['--fast-transition', '--inline-steps', '--no-launch-report', '--auto-pipeline'];
+const CONC_128 = ['--events', '128', '--steps', '64'];
 const EXPERIMENTS: Experiment[] = [
   { name: 'baseline', workers: 1, spec: variant('src ControlWorker, 32/16', '--variant', 'baseline') },
   {
@@ -101,6 +104,12 @@ const EXPERIMENTS: Experiment[] = [
     workers: 1,
     spec: variant('+ no deadline jobs (bound)', '--variant', 'custom', '--no-deadline-jobs'),
   },
+  { name: 'baseline-2', workers: 2, spec: variant('src ControlWorker, 32/16', '--variant', 'baseline') },
+  {
+    name: 'conc-128-2',
+    workers: 2,
+    spec: variant('concurrency events 128 / steps 64', '--variant', 'baseline', '--events', '128', '--steps', '64'),
+  },
   { name: 'combined', workers: 1, spec: variant('all four fixes', '--variant', 'custom', ...ALL_FIXES) },
   { name: 'combined-2', workers: 2, spec: variant('all four fixes', '--variant', 'custom', ...ALL_FIXES) },
   {
@@ -113,6 +122,25 @@ const EXPERIMENTS: Experiment[] = [
     workers: 2,
     spec: variant('all four + no deadline jobs', '--variant', 'custom', ...ALL_FIXES, '--no-deadline-jobs'),
   },
+  ...[1, 2].flatMap((workers) => [
+    {
+      name: workers === 1 ? 'tuned' : 'tuned-2',
+      workers,
+      spec: variant('all four fixes, concurrency 128/64', '--variant', 'custom', ...ALL_FIXES, ...CONC_128),
+    },
+    {
+      name: workers === 1 ? 'tuned+nodl' : 'tuned+nodl-2',
+      workers,
+      spec: variant(
+        'all four, 128/64, no deadline jobs',
+        '--variant',
+        'custom',
+        ...ALL_FIXES,
+        ...CONC_128,
+        '--no-deadline-jobs',
+      ),
+    },
+  ]),
 ];
 const SELECTED = process.env.BENCH_EXPERIMENTS
   ? new Set(process.env.BENCH_EXPERIMENTS.split(',').map((e) => e.trim()))
@@ -505,13 +533,9 @@ async function idleShadows(mode: string): Promise<unknown> {
   const warm = 10;
   const restore = await oversubscribe(SHADOWS + warm);
   const jobsFile = join(workDir, `shadow-jobs-${mode}.txt`);
-  const cancelJobs = onCleanup(`shadow jobs (${mode})`, async () => {
-    if (!existsSync(jobsFile)) return;
-    const ids = readFileSync(jobsFile, 'utf8').split('\n').filter(Boolean);
-    for (let i = 0; i < ids.length; i += 200) {
-      await execFileAsync('scancel', ids.slice(i, i + 200)).catch(() => undefined);
-    }
-  });
+  const run = runPrefix();
+  // Whatever happens to the child, its jobs (found by name) and their socket dirs go.
+  const cancelJobs = onCleanup(`shadow jobs (${mode})`, () => cancelRun(run, JOB_USER, '/tmp', SHADOWS + warm));
   try {
     await quietGate();
     const child = spawnChild(
@@ -530,12 +554,14 @@ async function idleShadows(mode: string): Promise<unknown> {
         String(warm),
         '--jobs-file',
         jobsFile,
+        '--run',
+        run,
         '--redis',
         URL_,
       ],
       { cwd: ROOT, logFile: join(workDir, `shadows-${mode}.log`) },
     );
-    const stopChild = onCleanup(`shadows child (${mode})`, () => child.stop(60_000));
+    const stopChild = onCleanup(`shadows child (${mode})`, () => child.stop(45_000));
     const { code } = await child.exited;
     await stopChild();
     const line = child
