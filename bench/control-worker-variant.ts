@@ -177,7 +177,7 @@ await preloadScripts(redis);
 
 let close: () => Promise<void>;
 if (values.variant === 'baseline') {
-  const control = new ControlWorker(deps, { events: redis, steps: redis }, concurrency);
+  const control = new ControlWorker(deps, { events: redis, steps: redis }, { concurrency });
   await control.schedule();
   close = () => control.close();
 } else if (values.variant === 'custom') {

@@ -5,6 +5,7 @@
 -- KEYS[2] pod index          <prefix>pods          sorted set: uid scored by updatedAt (ms)
 -- KEYS[3] name index         <prefix>pods:by-name  hash: "<namespace>/<name>" -> uid
 -- KEYS[4] history            <prefix>hist:<uid>    stream, capped
+-- KEYS[5] deadline index     <prefix>deadlines     sorted set: uid scored by its deadline (ms)
 -- ARGV[1] uid
 -- ARGV[2] expected gen (as loaded)
 -- ARGV[3] snapshot (JSON)
@@ -12,8 +13,9 @@
 -- ARGV[5] state name
 -- ARGV[6] namespace
 -- ARGV[7] name
--- ARGV[8] history cap (XADD MAXLEN ~)
--- ARGV[9..] history entry as field, value, … (none: no entry)
+-- ARGV[8] deadline (ms) the new state holds, or '' for none
+-- ARGV[9] history cap (XADD MAXLEN ~)
+-- ARGV[10..] history entry as field, value, … (none: no entry)
 --
 -- Returns {1, new gen} when written, {0, stored gen} on a conflict, {-1, 0} when the pod has no record.
 
@@ -41,7 +43,13 @@ redis.call('HSET', KEYS[1],
   'updatedAt', now, 'namespace', ARGV[6], 'name', ARGV[7])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 redis.call('HSET', KEYS[3], newKey, ARGV[1])
-if #ARGV > 8 then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', unpack(ARGV, 9))
+-- The deadline is indexed with the state that holds it, so it can be neither lost nor left behind.
+if ARGV[8] == '' then
+  redis.call('ZREM', KEYS[5], ARGV[1])
+else
+  redis.call('ZADD', KEYS[5], ARGV[8], ARGV[1])
+end
+if #ARGV > 9 then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', unpack(ARGV, 10))
 end
 return {1, nextGen}

@@ -4,14 +4,16 @@
 -- KEYS[2] pod index          <prefix>pods          sorted set: uid scored by updatedAt (ms)
 -- KEYS[3] name index         <prefix>pods:by-name  hash: "<namespace>/<name>" -> uid
 -- KEYS[4] history            <prefix>hist:<uid>    stream, capped
+-- KEYS[5] deadline index     <prefix>deadlines     sorted set: uid scored by its deadline (ms)
 -- ARGV[1] uid
 -- ARGV[2] snapshot (JSON)
 -- ARGV[3] machine version
 -- ARGV[4] state name
 -- ARGV[5] namespace
 -- ARGV[6] name
--- ARGV[7] history cap (XADD MAXLEN ~)
--- ARGV[8..] history entry as field, value, field, value … (none: no entry)
+-- ARGV[7] deadline (ms) the first state holds, or '' for none
+-- ARGV[8] history cap (XADD MAXLEN ~)
+-- ARGV[9..] history entry as field, value, field, value … (none: no entry)
 --
 -- Returns 1 when created (gen is 1), 0 when the pod already had a record (nothing written).
 
@@ -27,10 +29,13 @@ redis.call('HSET', KEYS[1],
   'updatedAt', now, 'namespace', ARGV[5], 'name', ARGV[6])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[5] .. '/' .. ARGV[6], ARGV[1])
+if ARGV[7] ~= '' then
+  redis.call('ZADD', KEYS[5], ARGV[7], ARGV[1])
+end
 
 -- A history left behind by an earlier record of this uid (it only had a TTL) continues, kept again.
 redis.call('PERSIST', KEYS[4])
-if #ARGV > 7 then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', unpack(ARGV, 8))
+if #ARGV > 8 then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', unpack(ARGV, 9))
 end
 return 1

@@ -5,8 +5,9 @@
 -- KEYS[2] pod index          <prefix>pods
 -- KEYS[3] name index         <prefix>pods:by-name
 -- KEYS[4] history            <prefix>hist:<uid>
--- KEYS[5] lease              <prefix>lease:<uid>
--- KEYS[6] lease index        <prefix>leases
+-- KEYS[5] deadline index     <prefix>deadlines
+-- KEYS[6] lease              <prefix>lease:<uid>
+-- KEYS[7] lease index        <prefix>leases
 -- ARGV[1] uid
 -- ARGV[2] history TTL (seconds)
 -- ARGV[3] expected gen, or '' to remove whatever is stored
@@ -26,8 +27,9 @@ if gen then
   redis.call('DEL', KEYS[1])
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('DEL', KEYS[5])
-redis.call('ZREM', KEYS[6], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('DEL', KEYS[6])
+redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('EXPIRE', KEYS[4], ARGV[2])
 if gen then
   return 1

@@ -4,7 +4,9 @@
  * worker stores the snapshot in Redis (compare-and-set) and runs the effects as jobs.
  *
  * No I/O, no clock, no timers: every event carries `at`, deadlines live in context and are delivered
- * back as DEADLINE events (XState's `after` timers and delayed `raise` do not survive a restore).
+ * back as DEADLINE events (XState's `after` timers and delayed `raise` do not survive a restore). The
+ * store indexes `context.deadline` in the same compare-and-set that stores the snapshot, so arming or
+ * withdrawing a deadline is a context change, not an effect, and cannot be lost between the two.
  *
  *   validating ─STEP_DONE(validate)─► rendering ─STEP_DONE(render)─► launchingShadow ─SHADOW_UP─►
  *   waitingBatchHost ─BATCH_HOST─► openingCarrier ─CARRIER_OPEN─► establishingForwards ─FORWARDS_READY─►
@@ -19,7 +21,7 @@
  *
  * Reports, deadlines and step results of another generation are ignored: no transition, no effects.
  */
-import { and, assign, initialTransition, setup, transition } from 'xstate';
+import { type AnyActorScope, and, assign, createActor, initialTransition, setup } from 'xstate';
 import {
   backoffDelay,
   deadlineTimeout,
@@ -40,7 +42,6 @@ import {
   RestoreError,
 } from './pod-schema.js';
 import type {
-  CancelDeadlineParams,
   DeadlineName,
   PodAction,
   PodContext,
@@ -48,7 +49,6 @@ import type {
   PodInput,
   PodStateName,
   RunStepParams,
-  ScheduleDeadlineParams,
   StepName,
   StopShadowParams,
 } from './pod-types.js';
@@ -67,22 +67,13 @@ interface MachineInput {
 
 const stepGuard = (step: StepName) => ({ type: 'isCurrentStep', params: { step } }) as const;
 
-/** Entering a deadline state arms its deadline (kept in context) and asks for its delivery… */
+/** Entering a deadline state arms its deadline (kept in context, indexed by the store)… */
 function armDeadline(name: DeadlineName) {
-  return [
-    { type: 'armDeadline', params: { name } },
-    { type: 'scheduleDeadline', params: ({ context }: Args) => ({ ...context.deadline! }) },
-  ] as const;
+  return [{ type: 'armDeadline', params: { name } }] as const;
 }
 
 /** …and leaving it, by any transition, withdraws it. */
-const disarmDeadline = [
-  {
-    type: 'cancelDeadline',
-    params: ({ context }: Args) => ({ name: context.deadline!.name, generation: context.deadline!.generation }),
-  },
-  'disarmDeadline',
-] as const;
+const disarmDeadline = ['disarmDeadline'] as const;
 
 const launchStep = ({ context }: Args): RunStepParams => ({
   step: 'launch',
@@ -149,8 +140,6 @@ export const podMachine = setup({
   actions: {
     // Effects: described here, run by the control worker from transition()'s action list.
     runStep: (_, _params: RunStepParams) => {},
-    scheduleDeadline: (_, _params: ScheduleDeadlineParams) => {},
-    cancelDeadline: (_, _params: CancelDeadlineParams) => {},
     stopShadow: (_, _params: StopShadowParams) => {},
 
     // Context updates.
@@ -393,11 +382,56 @@ export function startPod(input: PodInput, at: number): PodStep {
   return { snapshot, actions: toPodActions(executable) };
 }
 
+/**
+ * XState's pure `transition(machine, snapshot, event)` builds a whole inert actor (and actor system) for
+ * every call, which was half the control worker's CPU per event (bench:control). The pod machine spawns
+ * no children, never uses `self` and runs no action itself (its effects are collected below), so one
+ * scope made once serves every transition: the step is still XState's own `machine.transition`.
+ * Node runs one transition at a time, so the collected list is never shared between two.
+ */
+let scope: AnyActorScope | undefined;
+const collected: { type: string; params?: unknown }[] = [];
+
+function transitionScope(): AnyActorScope {
+  if (scope) return scope;
+  const self = createActor(podMachine, {
+    input: {
+      input: podInputSchema.parse({
+        uid: 'scope',
+        namespace: 'scope',
+        name: 'scope',
+        annotations: {},
+        retryLimit: 1,
+        backoffBaseMs: 1,
+        backoffMaxMs: 1,
+        nodeWaitTimeoutMs: 1,
+        phaseTimeoutMs: 1,
+      }),
+      at: 0,
+    },
+  });
+  scope = {
+    self,
+    id: '',
+    sessionId: '',
+    logger: () => {},
+    defer: () => {},
+    emit: () => {},
+    system: self.system,
+    stopChild: () => {},
+    actionExecutor: (action) => {
+      collected.push(action as { type: string; params?: unknown });
+    },
+  };
+  return scope;
+}
+
 export function applyEvent(snapshot: PodSnapshot, event: PodEvent): PodTransition {
   const from = stateOf(snapshot);
   // XState's pure transition() still takes root-level transitions out of a final state: stop here.
   if (snapshot.status !== 'active') return { snapshot, actions: [], changed: false, from, to: from };
-  const [next, executable] = transition(podMachine, snapshot, event);
+  const next = podMachine.transition(snapshot, event, transitionScope()) as PodSnapshot;
+  const executable = collected.splice(0);
   const to = stateOf(next);
   const changed =
     next !== snapshot && (to !== from || JSON.stringify(next.context) !== JSON.stringify(snapshot.context));

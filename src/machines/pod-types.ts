@@ -46,7 +46,7 @@ export interface PodLastError {
   at: number;
 }
 
-/** A deadline kept in context; the control worker delivers it as a delayed DEADLINE event. */
+/** A deadline kept in context; the store indexes it and the control role delivers it as a DEADLINE event when due. */
 export interface PodDeadline {
   name: DeadlineName;
   /** Epoch ms. */
@@ -224,22 +224,13 @@ export interface RunStepParams {
   /** `launch` only: backoff to wait before starting the shadow (0 for an immediate launch). */
   delayMs?: number;
 }
-export type ScheduleDeadlineParams = PodDeadline;
-export interface CancelDeadlineParams {
-  name: DeadlineName;
-  generation: number;
-}
 /** Stop the shadow session of `generation` (lease, session job) without touching the node. */
 export interface StopShadowParams {
   generation: number;
   reason: string;
 }
 
-export const POD_ACTION_TYPES = ['runStep', 'scheduleDeadline', 'cancelDeadline', 'stopShadow'] as const;
+export const POD_ACTION_TYPES = ['runStep', 'stopShadow'] as const;
 export type PodActionType = (typeof POD_ACTION_TYPES)[number];
 
-export type PodAction =
-  | { type: 'runStep'; params: RunStepParams }
-  | { type: 'scheduleDeadline'; params: ScheduleDeadlineParams }
-  | { type: 'cancelDeadline'; params: CancelDeadlineParams }
-  | { type: 'stopShadow'; params: StopShadowParams };
+export type PodAction = { type: 'runStep'; params: RunStepParams } | { type: 'stopShadow'; params: StopShadowParams };

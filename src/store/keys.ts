@@ -23,6 +23,10 @@ export class RedisKeys {
   history(uid: string): string {
     return `${this.prefix}hist:${uid}`;
   }
+  /** Sorted set: uids of pods whose state holds a deadline, scored by when it falls due (ms). */
+  deadlines(): string {
+    return `${this.prefix}deadlines`;
+  }
   /** Hash: holder, generation, token, expiresAt. */
   lease(uid: string): string {
     return `${this.prefix}lease:${uid}`;

@@ -14,6 +14,7 @@ export const SCRIPT_NAMES = [
   'pod-create',
   'pod-cas',
   'pod-remove',
+  'deadlines-claim',
   'lease-acquire',
   'lease-renew',
   'lease-release',

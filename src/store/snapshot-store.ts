@@ -33,6 +33,8 @@ export interface PodWrite {
   name: string;
   /** The transition, appended to the history in the same step. */
   history?: HistoryEntry | null;
+  /** When the deadline the state holds falls due (ms), indexed in the same step; none when absent. */
+  deadlineAt?: number | null;
 }
 
 export interface HistoryEntry {
@@ -124,13 +126,14 @@ export class SnapshotStore {
 
   /** Stores a pod's first record; false (nothing written) when it already has one. */
   async create(uid: string, write: PodWrite): Promise<boolean> {
-    const reply = await script('pod-create').run(this.redis, this.podKeys(uid), [
+    const reply = await script('pod-create').run(this.redis, this.casKeys(uid), [
       uid,
       JSON.stringify(write.snapshot),
       String(write.version),
       write.state,
       write.namespace,
       write.name,
+      deadlineArg(write),
       this.historyMaxLen,
       ...historyFields(write.history),
     ]);
@@ -139,7 +142,7 @@ export class SnapshotStore {
 
   /** Writes only if the stored gen is still `expectedGen`. */
   async compareAndSet(uid: string, expectedGen: number, write: PodWrite): Promise<CasResult> {
-    const reply = (await script('pod-cas').run(this.redis, this.podKeys(uid), [
+    const reply = (await script('pod-cas').run(this.redis, this.casKeys(uid), [
       uid,
       expectedGen,
       JSON.stringify(write.snapshot),
@@ -147,6 +150,7 @@ export class SnapshotStore {
       write.state,
       write.namespace,
       write.name,
+      deadlineArg(write),
       this.historyMaxLen,
       ...historyFields(write.history),
     ])) as [number, number];
@@ -188,10 +192,22 @@ export class SnapshotStore {
   async remove(uid: string, historyTtlSeconds: number, expectedGen?: number): Promise<RemoveResult> {
     const reply = await script('pod-remove').run(
       this.redis,
-      [...this.podKeys(uid), this.keys.lease(uid), this.keys.leases()],
+      [...this.podKeys(uid), this.keys.deadlines(), this.keys.lease(uid), this.keys.leases()],
       [uid, Math.max(1, Math.ceil(historyTtlSeconds)), expectedGen === undefined ? '' : expectedGen],
     );
     return reply === 1 ? 'removed' : reply === 0 ? 'absent' : 'conflict';
+  }
+
+  /**
+   * Claims up to `limit` pods whose deadline is due at `now`: each is due again `claimMs` later unless
+   * a new state is stored first (which re-indexes or withdraws its deadline).
+   */
+  async claimDueDeadlines(now: number, claimMs: number, limit = 100): Promise<string[]> {
+    return (await script('deadlines-claim').run(
+      this.redis,
+      [this.keys.deadlines()],
+      [now, claimMs, limit],
+    )) as string[];
   }
 
   /** Every known pod's uid, least recently updated first. */
@@ -216,6 +232,10 @@ export class SnapshotStore {
   private podKeys(uid: string): string[] {
     return [this.keys.pod(uid), this.keys.pods(), this.keys.podsByName(), this.keys.history(uid)];
   }
+
+  private casKeys(uid: string): string[] {
+    return [...this.podKeys(uid), this.keys.deadlines()];
+  }
 }
 
 function parseStored(uid: string, hash: Record<string, string>): StoredPod | null {
@@ -237,6 +257,10 @@ function parseStored(uid: string, hash: Record<string, string>): StoredPod | nul
     namespace: hash.namespace ?? '',
     name: hash.name ?? '',
   };
+}
+
+function deadlineArg(write: PodWrite): string {
+  return write.deadlineAt === undefined || write.deadlineAt === null ? '' : String(Math.round(write.deadlineAt));
 }
 
 function historyFields(entry: HistoryEntry | null | undefined): string[] {

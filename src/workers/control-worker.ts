@@ -1,29 +1,41 @@
 import { type Job, UnrecoverableError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
-import { parsePodEvent } from '../machines/pod-machine.js';
+import { type PodAction, type PodEvent, parsePodEvent, type StepName } from '../machines/pod-machine.js';
+import { DeadlineClock, type DeadlineClockOptions } from './deadline-clock.js';
 import { forgetPod, runEffects } from './effects.js';
 import type { FleetDeps } from './fleet-deps.js';
 import { applyPodEvent } from './pod-events.js';
-import { type EventJobData, QUEUE_NAMES, type StepJobData } from './queues.js';
+import { type EventJobData, QUEUE_NAMES, type StepJobData, sendEvent } from './queues.js';
 import { REAPER_JOB, reap } from './reaper.js';
-import { runStep } from './step-runner.js';
+import { PURE_STEPS, pureStepResult, runStep } from './step-runner.js';
 
 /** A killed control worker's job at hand is retried by another within about 15 s (BullMQ's default is 60 s). */
 export const CONTROL_LOCKS = { lockDuration: 10_000, stalledInterval: 5_000, maxStalledCount: 10 } as const;
 
+export interface ControlWorkerOptions {
+  /** Jobs run at once: events (each a load → transition → compare-and-set) and steps. */
+  concurrency?: { events: number; steps: number };
+  deadlines?: DeadlineClockOptions;
+}
+
+type PureStepRequest = Extract<PodAction, { type: 'runStep' }> & { params: { step: StepName } };
+
 /**
- * The control role: applies events to pods' machines (load → transition → compare-and-set → effects)
- * and runs the steps those machines ask for. Stopping finishes the job at hand (BullMQ's close waits).
+ * The control role: applies events to pods' machines (load → transition → compare-and-set → effects),
+ * runs the steps those machines ask for, and delivers their deadlines. Stopping finishes the job at hand
+ * (BullMQ's close waits).
  */
 export class ControlWorker {
   readonly events: Worker<EventJobData>;
   readonly steps: Worker<StepJobData>;
+  readonly deadlines: DeadlineClock;
 
   constructor(
     private readonly deps: FleetDeps,
     connections: { events: Redis; steps: Redis },
-    concurrency = { events: 32, steps: 16 },
+    opts: ControlWorkerOptions = {},
   ) {
+    const concurrency = opts.concurrency ?? { events: 32, steps: 16 };
     const prefix = deps.bullPrefix ? { prefix: deps.bullPrefix } : {};
     this.events = new Worker<EventJobData>(QUEUE_NAMES.events, (job) => this.onEvent(job), {
       connection: connections.events,
@@ -40,6 +52,11 @@ export class ControlWorker {
     for (const worker of [this.events, this.steps]) {
       worker.on('error', (err) => deps.log.error({ err }, 'control worker error'));
     }
+    this.steps.on('failed', (job, err) => {
+      if (job) void this.reportExhaustedStep(job, err);
+    });
+    this.deadlines = new DeadlineClock(deps, opts.deadlines);
+    this.deadlines.start();
   }
 
   /** Registers the periodic reaper (one schedule for the whole fleet, whichever worker runs it). */
@@ -57,6 +74,7 @@ export class ControlWorker {
   }
 
   async close(): Promise<void> {
+    await this.deadlines.stop();
     await Promise.all([this.events.close(), this.steps.close()]);
   }
 
@@ -65,24 +83,57 @@ export class ControlWorker {
     const { uid } = job.data;
     const parsed = parsePodEvent(job.data.event);
     if (!parsed.ok) throw new UnrecoverableError(`pod ${uid}: bad event: ${parsed.message}`);
-    const result = await applyPodEvent(this.deps, uid, parsed.event);
-    switch (result.kind) {
-      case 'ignored':
-        return `ignored ${parsed.event.type} in ${result.state ?? 'no machine'}`;
-      case 'unrestorable':
-        // A snapshot of another machine version: `status` shows it; retrying cannot help.
-        throw new UnrecoverableError(`pod ${uid}: ${result.message}`);
-      case 'applied':
-        this.deps.onTransition?.(uid, result.context, result.from, result.to, parsed.event);
-        await runEffects(this.deps, uid, result.actions);
-        // A finished pod leaves only its history, which expires.
-        if (result.to === 'done') await forgetPod(this.deps, uid, result.context.generation);
-        return `${result.from ?? 'new'} → ${result.to}`;
+    const path: string[] = [];
+    // Validate and render are pure: their result is applied here, as the next event, instead of
+    // queueing a step job that would queue that event (two jobs and a second load saved per step).
+    for (let event: PodEvent = parsed.event; ; ) {
+      const result = await applyPodEvent(this.deps, uid, event);
+      switch (result.kind) {
+        case 'ignored':
+          return path.length > 0 ? path.join(', ') : `ignored ${event.type} in ${result.state ?? 'no machine'}`;
+        case 'unrestorable':
+          // A snapshot of another machine version: `status` shows it; retrying cannot help.
+          throw new UnrecoverableError(`pod ${uid}: ${result.message}`);
+        case 'applied': {
+          path.push(`${result.from ?? 'new'} → ${result.to}`);
+          this.deps.onTransition?.(uid, result.context, result.from, result.to, event);
+          const pure = result.actions.find(
+            (a): a is PureStepRequest => a.type === 'runStep' && PURE_STEPS.has(a.params.step) && !a.params.delayMs,
+          );
+          await runEffects(
+            this.deps,
+            uid,
+            result.actions.filter((a) => a !== pure),
+          );
+          // A finished pod leaves only its history, which expires.
+          if (result.to === 'done') await forgetPod(this.deps, uid, result.context.generation);
+          if (!pure) return path.join(', ');
+          event = pureStepResult(this.deps, result.context, pure.params.step, pure.params.generation);
+        }
+      }
     }
   }
 
   private async onStep(job: Job<StepJobData>): Promise<string> {
     const { uid, step, generation } = job.data;
     return runStep(this.deps, uid, step, generation);
+  }
+
+  /**
+   * A step that failed for good (its retries used up) is reported to the machine, which shows the
+   * error and fails or relaunches the pod, instead of leaving it in the step's state until the reaper.
+   */
+  private async reportExhaustedStep(job: Job<StepJobData>, err: Error): Promise<void> {
+    const attempts = job.opts.attempts ?? 1;
+    if (job.attemptsMade < attempts && !(err instanceof UnrecoverableError)) return;
+    const { uid, step, generation } = job.data;
+    const message = `${step} failed ${job.attemptsMade} time(s): ${err.message}`;
+    await sendEvent(this.deps.queues, uid, {
+      type: 'STEP_FAILED',
+      step,
+      generation,
+      error: { kind: 'step-failed', message, permanent: false },
+      at: this.deps.now(),
+    }).catch((sendErr: unknown) => this.deps.log.error({ err: sendErr, uid, step }, 'could not report a failed step'));
   }
 }

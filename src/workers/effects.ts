@@ -1,4 +1,4 @@
-import { DEADLINE_NAMES, type PodAction, STEPS, type StepName } from '../machines/pod-machine.js';
+import { type PodAction, STEPS, type StepName } from '../machines/pod-machine.js';
 import type { FleetDeps } from './fleet-deps.js';
 import { jobIds, KEEP_JOBS } from './queues.js';
 
@@ -6,9 +6,10 @@ import { jobIds, KEEP_JOBS } from './queues.js';
 const STEP_RETRY = { attempts: 5, backoff: { type: 'exponential', delay: 1_000 } } as const;
 
 /**
- * Runs the effects a transition asked for. Each is safe to run twice: steps and deadlines have ids
- * made of the pod UID, the step and the generation, so asking again is a no-op while the first job
- * waits or runs (a finished step job is replaced: see queueStep).
+ * Runs the effects a transition asked for. Each is safe to run twice: steps have ids made of the pod
+ * UID, the step and the generation, so asking again is a no-op while the first job waits or runs (a
+ * finished step job is replaced: see queueStep). Deadlines are not effects: the store indexes them with
+ * the state (DeadlineClock).
  */
 export async function runEffects(deps: FleetDeps, uid: string, actions: readonly PodAction[]): Promise<void> {
   for (const action of actions) {
@@ -16,26 +17,6 @@ export async function runEffects(deps: FleetDeps, uid: string, actions: readonly
       case 'runStep': {
         const { step, generation, delayMs } = action.params;
         await queueStep(deps, uid, step, generation, delayMs ?? 0);
-        break;
-      }
-      case 'scheduleDeadline': {
-        const { name, at, generation } = action.params;
-        await deps.queues.events.add(
-          'DEADLINE',
-          { uid, event: { type: 'DEADLINE', name, generation, at } },
-          {
-            jobId: jobIds.deadline(uid, name, generation),
-            delay: Math.max(0, at - deps.now()),
-            removeOnComplete: true,
-            removeOnFail: true,
-          },
-        );
-        break;
-      }
-      case 'cancelDeadline': {
-        const { name, generation } = action.params;
-        // A deadline already being delivered is ignored by the machine (it is no longer current).
-        await deps.queues.events.remove(jobIds.deadline(uid, name, generation)).catch(() => 0);
         break;
       }
       case 'stopShadow': {
@@ -80,18 +61,17 @@ export async function queueStep(
 
 /**
  * A finished pod leaves only its history, which expires (DESIGN §6: no stale Redis key after
- * teardown). The jobs named after it go first — kept step jobs, failed shadows, deadlines — then its
- * record, indexes and lease. (In this order, a POD_UPSERT racing with the removal meets the `done`
+ * teardown). The jobs named after it go first — kept step jobs, failed shadows — then its record,
+ * indexes (its deadline among them) and lease. (In this order, a POD_UPSERT racing with the removal meets the `done`
  * record and is ignored, instead of creating a machine whose first job would then be removed.) A job
  * still running cannot be removed: the teardown step that reported done is removed as it completes.
  */
 export async function forgetPod(deps: FleetDeps, uid: string, generation: number): Promise<void> {
-  const { steps, sessions, events } = deps.queues;
+  const { steps, sessions } = deps.queues;
   const removals: Promise<unknown>[] = [];
   for (let g = 0; g <= generation; g += 1) {
     for (const step of STEPS) removals.push(steps.remove(jobIds.step(uid, step, g)));
     removals.push(sessions.remove(jobIds.session(uid, g)));
-    for (const name of DEADLINE_NAMES) removals.push(events.remove(jobIds.deadline(uid, name, g)));
   }
   await Promise.all(removals.map((removal) => removal.catch(() => 0)));
   await deps.store.remove(uid, Math.ceil(deps.config.Backhaul.HistoryTTL / 1000));

@@ -55,6 +55,7 @@ function writeOf(context: PodContext, persisted: unknown, state: string, history
     namespace: context.namespace,
     name: context.name,
     history,
+    deadlineAt: context.deadline?.at ?? null,
   };
 }
 

@@ -32,7 +32,6 @@ export interface SessionJobData {
 export const jobIds = {
   step: (uid: string, step: StepName, generation: number) => `${uid}-${step}-${generation}`,
   session: (uid: string, generation: number) => `${uid}-shadow-${generation}`,
-  deadline: (uid: string, name: string, generation: number) => `${uid}-deadline-${name}-${generation}`,
 };
 
 /**

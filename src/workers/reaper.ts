@@ -6,8 +6,6 @@ import { jobIds, sendEvent } from './queues.js';
 
 export const REAPER_JOB = 'bh-reaper';
 
-/** A delivered deadline that is still in context this long after it fell due was lost: send it again. */
-const DEADLINE_GRACE_MS = 5_000;
 /** A shadow whose lease expired this long ago, with no session job running, is gone for good. */
 const LEASE_GRACE_MS = 20_000;
 /** A pod that sat this long in a step's state lost its step (or the step's report): run it again. */
@@ -21,8 +19,8 @@ const STEP_OF_STATE: Partial<Record<PodStateName, StepName>> = {
 
 /**
  * Level-triggered repair, run periodically: whatever an effect failed to do (a Redis hiccup between
- * storing a state and queueing its effect, a lost delayed job, a session host that vanished with its
- * job) is redone from the state stored. Every action here is one the machine tolerates twice.
+ * storing a state and queueing its effect, a session host that vanished with its job) is redone from
+ * the state stored. (Deadlines need no repair: they are stored with the state; see DeadlineClock.) Every action here is one the machine tolerates twice.
  */
 export async function reap(deps: FleetDeps): Promise<number> {
   let repaired = 0;
@@ -40,16 +38,6 @@ export async function reap(deps: FleetDeps): Promise<number> {
       await forgetPod(deps, uid, context.generation);
       repaired += 1;
       continue;
-    }
-    const deadline = context.deadline;
-    if (deadline && deadline.at + DEADLINE_GRACE_MS < now) {
-      await sendEvent(deps.queues, uid, {
-        type: 'DEADLINE',
-        name: deadline.name,
-        generation: deadline.generation,
-        at: now,
-      });
-      repaired += 1;
     }
     const step = STEP_OF_STATE[state];
     if (step && record.updatedAt + STEP_GRACE_MS < now) {

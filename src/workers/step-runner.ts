@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { PodError, StepName } from '../machines/pod-machine.js';
+import type { PodContext, PodError, PodEvent, StepName } from '../machines/pod-machine.js';
 import { isSpecError } from '../spec/spec-error.js';
 import { stopShadow } from './effects.js';
 import type { FleetDeps } from './fleet-deps.js';
@@ -17,10 +17,14 @@ const STATE_OF_STEP = {
 
 export type StepOutcome = 'done' | 'failed' | 'stale';
 
+/** The steps that are pure functions of the pod and the site: the control worker runs them inline. */
+export const PURE_STEPS: ReadonlySet<StepName> = new Set(['validate', 'render']);
+
 /**
- * Runs one step of one pod and reports STEP_DONE / STEP_FAILED to its machine. Level-triggered: the
- * step first checks that the pod is still in the step's state and generation, so a step run twice, or
- * late, is harmless. Bad input is reported as a permanent failure instead of being retried.
+ * Runs one step of one pod and reports STEP_DONE / STEP_FAILED to its machine (launch reports nothing
+ * on success: the shadow's own reports move the machine on). Level-triggered: the step first checks
+ * that the pod is still in the step's state and generation, so a step run twice, or late, is harmless.
+ * Bad input is reported as a permanent failure instead of being retried.
  */
 export async function runStep(deps: FleetDeps, uid: string, step: StepName, generation: number): Promise<StepOutcome> {
   const pod = await readPod(deps, uid);
@@ -33,8 +37,30 @@ export async function runStep(deps: FleetDeps, uid: string, step: StepName, gene
     await sendEvent(deps.queues, uid, { type: 'STEP_FAILED', step, generation, error, at: deps.now() });
     return 'failed';
   }
-  await sendEvent(deps.queues, uid, { type: 'STEP_DONE', step, generation, at: deps.now() });
+  if (step !== 'launch') await sendEvent(deps.queues, uid, { type: 'STEP_DONE', step, generation, at: deps.now() });
   return 'done';
+}
+
+/**
+ * Validate or render, as the event that reports it: a pure function of the pod and the site, run by the
+ * control worker right after the transition that asks for it (no job, no second event to queue).
+ */
+export function pureStepResult(
+  deps: FleetDeps,
+  context: PodContext,
+  step: StepName,
+  generation: number,
+): Extract<PodEvent, { type: 'STEP_DONE' | 'STEP_FAILED' }> {
+  try {
+    if (step === 'validate') requestOf(context, deps.config);
+    else if (step === 'render') planOf(context, deps.config);
+    else throw new Error(`step ${step} is not pure`);
+    return { type: 'STEP_DONE', step, generation, at: deps.now() };
+  } catch (err) {
+    if (!isSpecError(err)) throw err;
+    const error: PodError = { kind: 'invalid-pod', message: err.message, permanent: true };
+    return { type: 'STEP_FAILED', step, generation, error, at: deps.now() };
+  }
 }
 
 async function perform(deps: FleetDeps, pod: PodView, step: StepName, generation: number): Promise<void> {

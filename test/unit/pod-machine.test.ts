@@ -7,6 +7,7 @@ import {
   POD_ACTION_TYPES,
   POD_STATES,
   type PodAction,
+  type PodDeadline,
   type PodEvent,
   type PodInput,
   type PodSnapshot,
@@ -22,7 +23,7 @@ import {
   startPod,
   stateOf,
 } from '../../src/machines/pod-machine.js';
-import { backoffDelay } from '../../src/machines/pod-rules.js';
+import { backoffDelay, deadlineTimeout } from '../../src/machines/pod-rules.js';
 import { podContextSchema } from '../../src/machines/pod-schema.js';
 
 const T0 = 1_700_000_000_000;
@@ -175,38 +176,48 @@ describe('pod machine: the happy path', () => {
 
   it('goes validating → … → active → tearingDown → done with the exact effects', () => {
     let { snapshot } = startPod(INPUT, T0);
-    const expectStep = (event: PodEvent, to: PodStateName, actions: PodAction[]) => {
+    /** The effects, and the deadline the state holds (kept in context; the store indexes it). */
+    const expectStep = (
+      event: PodEvent,
+      to: PodStateName,
+      actions: PodAction[],
+      deadline: PodDeadline | null = null,
+    ) => {
       const result = step(snapshot, event);
       expect(result.changed).toBe(true);
       expect(result.to).toBe(to);
       expect(result.actions).toEqual(actions);
+      expect(result.snapshot.context.deadline).toEqual(deadline);
       snapshot = result.snapshot;
     };
     expectStep({ type: 'STEP_DONE', at: T0 + 1, step: 'validate', generation: 0 }, 'rendering', [
       { type: 'runStep', params: { step: 'render', generation: 0 } },
     ]);
-    expectStep({ type: 'STEP_DONE', at: T0 + 2, step: 'render', generation: 0 }, 'launchingShadow', [
-      { type: 'runStep', params: { step: 'launch', generation: 1, delayMs: 0 } },
-      { type: 'scheduleDeadline', params: { name: 'launchingShadow', at: T0 + 2 + 60_000, generation: 1 } },
-    ]);
+    expectStep(
+      { type: 'STEP_DONE', at: T0 + 2, step: 'render', generation: 0 },
+      'launchingShadow',
+      [{ type: 'runStep', params: { step: 'launch', generation: 1, delayMs: 0 } }],
+      { name: 'launchingShadow', at: T0 + 2 + 60_000, generation: 1 },
+    );
     expect(snapshot.context).toMatchObject({ generation: 1, attempts: 1 });
-    expectStep({ type: 'SHADOW_UP', at: T0 + 3, generation: 1, host: HOST }, 'waitingBatchHost', [
-      { type: 'cancelDeadline', params: { name: 'launchingShadow', generation: 1 } },
-      { type: 'scheduleDeadline', params: { name: 'waitingBatchHost', at: T0 + 3 + 7_200_000, generation: 1 } },
-    ]);
+    expectStep({ type: 'SHADOW_UP', at: T0 + 3, generation: 1, host: HOST }, 'waitingBatchHost', [], {
+      name: 'waitingBatchHost',
+      at: T0 + 3 + 7_200_000,
+      generation: 1,
+    });
     expect(snapshot.context.host).toBe(HOST);
-    expectStep({ type: 'BATCH_HOST', at: T0 + 4, generation: 1, ...BATCH }, 'openingCarrier', [
-      { type: 'cancelDeadline', params: { name: 'waitingBatchHost', generation: 1 } },
-      { type: 'scheduleDeadline', params: { name: 'openingCarrier', at: T0 + 4 + 60_000, generation: 1 } },
-    ]);
+    expectStep({ type: 'BATCH_HOST', at: T0 + 4, generation: 1, ...BATCH }, 'openingCarrier', [], {
+      name: 'openingCarrier',
+      at: T0 + 4 + 60_000,
+      generation: 1,
+    });
     expect(snapshot.context).toMatchObject(BATCH);
-    expectStep({ type: 'CARRIER_OPEN', at: T0 + 5, generation: 1 }, 'establishingForwards', [
-      { type: 'cancelDeadline', params: { name: 'openingCarrier', generation: 1 } },
-      { type: 'scheduleDeadline', params: { name: 'establishingForwards', at: T0 + 5 + 60_000, generation: 1 } },
-    ]);
-    expectStep({ type: 'FORWARDS_READY', at: T0 + 6, generation: 1 }, 'active', [
-      { type: 'cancelDeadline', params: { name: 'establishingForwards', generation: 1 } },
-    ]);
+    expectStep({ type: 'CARRIER_OPEN', at: T0 + 5, generation: 1 }, 'establishingForwards', [], {
+      name: 'establishingForwards',
+      at: T0 + 5 + 60_000,
+      generation: 1,
+    });
+    expectStep({ type: 'FORWARDS_READY', at: T0 + 6, generation: 1 }, 'active', []);
     expect(snapshot.context).toMatchObject({ attempts: 0, forwardsReadyAt: T0 + 6, deadline: null });
     expectStep({ type: 'SOCKETS_VANISHED', at: T0 + 7, generation: 1 }, 'tearingDown', [
       { type: 'runStep', params: { step: 'teardown', generation: 1 } },
@@ -331,15 +342,6 @@ describe('pod machine: session reports in every shadow state', () => {
     expect(result.changed).toBe(true);
     expect(result.to).toBe(expected);
     const ctx = result.snapshot.context;
-    const hadDeadline = before.context.deadline !== null;
-    const cancel = hadDeadline
-      ? [
-          {
-            type: 'cancelDeadline',
-            params: { name: before.context.deadline?.name, generation: before.context.generation },
-          },
-        ]
-      : [];
     const stop = { type: 'stopShadow', params: { generation: before.context.generation, reason: expect.any(String) } };
     switch (expected) {
       case 'launchingShadow': {
@@ -347,38 +349,39 @@ describe('pod machine: session reports in every shadow state', () => {
         expect(ctx.attempts).toBe(before.context.attempts + 1);
         const delayMs = backoffDelay(before.context.attempts, LIMITS.backoffBaseMs, LIMITS.backoffMaxMs);
         expect(result.actions).toEqual([
-          ...cancel,
           stop,
           { type: 'runStep', params: { step: 'launch', generation: ctx.generation, delayMs } },
-          {
-            type: 'scheduleDeadline',
-            params: { name: 'launchingShadow', at: at + delayMs + LIMITS.phaseTimeoutMs, generation: ctx.generation },
-          },
         ]);
+        expect(ctx.deadline).toEqual({
+          name: 'launchingShadow',
+          at: at + delayMs + LIMITS.phaseTimeoutMs,
+          generation: ctx.generation,
+        });
         expect(ctx.lastError?.at).toBe(at);
         expect(ctx.host).toBeNull();
         break;
       }
       case 'tearingDown':
         expect(result.actions).toEqual([
-          ...cancel,
           { type: 'runStep', params: { step: 'teardown', generation: before.context.generation } },
         ]);
         expect(ctx.teardownReason).toBe(type === 'JOB_ENDED' ? 'job-ended' : 'sockets-vanished');
         expect(ctx.deadline).toBeNull();
         break;
       case 'failed':
-        expect(result.actions).toEqual([...cancel, stop]);
+        expect(result.actions).toEqual([stop]);
         expect(ctx.lastError).toMatchObject({ kind: 'node-wait-timeout', at });
         expect(ctx.deadline).toBeNull();
         break;
       default: {
         // Forward progress: the old deadline goes, the new state's (if any) comes.
         const name = expected as (typeof DEADLINE_NAMES)[number];
-        const schedule = (DEADLINE_NAMES as readonly string[]).includes(expected)
-          ? [{ type: 'scheduleDeadline', params: { name, at: expect.any(Number), generation: ctx.generation } }]
-          : [];
-        expect(result.actions).toEqual([...cancel, ...schedule]);
+        expect(result.actions).toEqual([]);
+        expect(ctx.deadline).toEqual(
+          (DEADLINE_NAMES as readonly string[]).includes(expected)
+            ? { name, at: at + deadlineTimeout(ctx, name), generation: ctx.generation }
+            : null,
+        );
         expect(ctx.generation).toBe(before.context.generation);
       }
     }
@@ -467,7 +470,7 @@ describe('pod machine: deadlines', () => {
     expect(waiting.context.deadline?.at).toBe(T0 + 3 + LIMITS.nodeWaitTimeoutMs);
   });
 
-  it('leaving a deadline state by any transition cancels its deadline', () => {
+  it('leaving a deadline state by any transition withdraws its deadline', () => {
     for (const state of DEADLINE_NAMES) {
       for (const event of [
         { type: 'TEARDOWN', at: T0 + 9, reason: 'operator' } as const,
@@ -475,10 +478,7 @@ describe('pod machine: deadlines', () => {
       ]) {
         const before = reach(state);
         const result = step(before, event);
-        expect(result.actions[0]).toEqual({
-          type: 'cancelDeadline',
-          params: { name: state, generation: before.context.generation },
-        });
+        expect(before.context.deadline).toMatchObject({ name: state, generation: before.context.generation });
         expect(result.snapshot.context.deadline).toBeNull();
       }
     }
@@ -612,13 +612,10 @@ describe('pod machine: TEARDOWN, POD_DELETED and RETRY from every state', () => 
       expect(result.changed).toBe(type === 'POD_DELETED');
       return;
     }
-    const deadline = before.context.deadline;
     expect(result.actions).toEqual([
-      ...(deadline
-        ? [{ type: 'cancelDeadline', params: { name: deadline.name, generation: deadline.generation } }]
-        : []),
       { type: 'runStep', params: { step: 'teardown', generation: before.context.generation } },
     ]);
+    expect(result.snapshot.context.deadline).toBeNull();
     expect(result.snapshot.context.podDeleted).toBe(type === 'POD_DELETED');
     expect(result.snapshot.context.teardownReason).toBe(type === 'TEARDOWN' ? 'operator asked' : 'pod-deleted');
     // …and the teardown step's success ends it.
@@ -929,9 +926,8 @@ describe('pod machine: random event sequences keep the invariants', () => {
           const inDeadlineState = (DEADLINE_NAMES as readonly string[]).includes(state);
           expect(next.context.deadline?.name ?? null).toBe(inDeadlineState ? state : null);
           if (next.context.deadline) expect(next.context.deadline.generation).toBe(next.context.generation);
-          // Every scheduled deadline is for the state we are in; every launch is for the current generation.
+          // Every launch is for the current generation.
           for (const action of result.actions) {
-            if (action.type === 'scheduleDeadline') expect(action.params).toEqual(next.context.deadline);
             if (action.type === 'runStep' && action.params.step === 'launch') {
               expect(action.params.generation).toBe(next.context.generation);
             }

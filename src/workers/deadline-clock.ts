@@ -1,0 +1,74 @@
+import { restorePod } from '../machines/pod-machine.js';
+import type { FleetDeps } from './fleet-deps.js';
+import { sendEvent } from './queues.js';
+
+export interface DeadlineClockOptions {
+  /** How often the deadline index is polled: a deadline is delivered at most this late. */
+  everyMs?: number;
+  /** A claimed deadline not answered by a new state (its event lost) is delivered again this much later. */
+  claimMs?: number;
+}
+
+/**
+ * Delivers due deadlines. The store indexes each pod's `context.deadline` in the compare-and-set that
+ * stores its state (redis/pod-cas.lua), so the deadline of a stored state is never lost and one that
+ * was withdrawn is never delivered; this clock polls the index, claims what has fallen due (one
+ * control worker per deadline; redis/deadlines-claim.lua) and sends it to the machine as DEADLINE.
+ *
+ * Delayed BullMQ jobs did this before (one added and one removed per deadline state): a fifth of the
+ * control plane's Redis work for events that almost never fire (docs/PERFORMANCE.md).
+ */
+export class DeadlineClock {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<unknown> = Promise.resolve();
+  private readonly everyMs: number;
+  private readonly claimMs: number;
+
+  constructor(
+    private readonly deps: FleetDeps,
+    opts: DeadlineClockOptions = {},
+  ) {
+    this.everyMs = opts.everyMs ?? 500;
+    this.claimMs = opts.claimMs ?? 10_000;
+  }
+
+  start(): void {
+    if (this.timer) return;
+    this.timer = setInterval(() => {
+      this.running = this.running.then(() =>
+        this.tick().catch((err: unknown) => this.deps.log.warn({ err }, 'deadline clock: poll failed')),
+      );
+    }, this.everyMs);
+    this.timer.unref();
+  }
+
+  async stop(): Promise<void> {
+    clearInterval(this.timer);
+    this.timer = undefined;
+    await this.running;
+  }
+
+  /** One poll: sends the DEADLINE of every pod whose deadline is due; returns how many were sent. */
+  async tick(): Promise<number> {
+    const now = this.deps.now();
+    const uids = await this.deps.store.claimDueDeadlines(now, this.claimMs);
+    if (uids.length === 0) return 0;
+    let sent = 0;
+    for (const record of await this.deps.store.loadMany(uids)) {
+      if (!record) continue;
+      const restored = restorePod(record.snapshot);
+      // A snapshot this build cannot read is shown by `status`; its deadline is retried when claimed again.
+      if (!restored.ok) continue;
+      const deadline = restored.snapshot.context.deadline;
+      if (!deadline || deadline.at > now) continue;
+      await sendEvent(this.deps.queues, record.uid, {
+        type: 'DEADLINE',
+        name: deadline.name,
+        generation: deadline.generation,
+        at: now,
+      });
+      sent += 1;
+    }
+    return sent;
+  }
+}

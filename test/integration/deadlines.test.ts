@@ -1,0 +1,207 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { silentLogger } from '../../src/log.js';
+import type { PodEvent } from '../../src/machines/pod-machine.js';
+import { backoffDelay } from '../../src/machines/pod-rules.js';
+import { parseSiteConfig } from '../../src/spec/site-config.js';
+import { ControlWorker } from '../../src/workers/control-worker.js';
+import { DeadlineClock } from '../../src/workers/deadline-clock.js';
+import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
+import { applyPodEvent } from '../../src/workers/pod-events.js';
+import { jobIds, sendEvent } from '../../src/workers/queues.js';
+import { privateRedis, waitForPodState } from '../fixtures/fleet-harness.js';
+
+/**
+ * Deadlines are stored with the state that holds them (redis/pod-cas.lua indexes context.deadline) and
+ * delivered by the control role's DeadlineClock; step jobs that use up their retries are reported to
+ * the machine. The control role only: no SSH is made (the session host is played by the test).
+ */
+const DB = 8;
+const ANNOTATIONS = { 'interlink.eu/reverse-forwards': '15400:minio.user.svc.cluster.local:9000' };
+
+const config = parseSiteConfig({
+  Network: {
+    SSH: {
+      LoginHost: '127.0.0.1',
+      Port: 22,
+      User: 'bhjob',
+      KeyFile: '/nonexistent/deadlines-test-key',
+      InsecureAcceptAnyHostKey: true,
+      Reverse: { Enabled: true },
+    },
+  },
+  Backhaul: { Redis: { URL: `redis://127.0.0.1:6379/${DB}` }, PhaseTimeout: '2s', RetryBackoff: '100ms' },
+});
+
+let redis: Awaited<ReturnType<typeof privateRedis>>;
+let n = 0;
+const uid = () => `dl${process.pid.toString(16)}-0000-4000-8000-${(n++).toString(16).padStart(12, '0')}`;
+
+beforeAll(async () => {
+  redis = await privateRedis(DB);
+});
+afterAll(async () => {
+  await redis?.close();
+});
+
+/** Applies events as the control worker would, without running effects; returns the last result. */
+async function drive(deps: FleetDeps, podUid: string, events: PodEvent[]) {
+  let last: Awaited<ReturnType<typeof applyPodEvent>> | undefined;
+  for (const event of events) last = await applyPodEvent(deps, podUid, event);
+  return last;
+}
+
+function upTo(state: 'launchingShadow' | 'waitingBatchHost', at: number): PodEvent[] {
+  const events: PodEvent[] = [
+    { type: 'POD_UPSERT', namespace: 'user', name: 'dl', annotations: ANNOTATIONS, at },
+    { type: 'STEP_DONE', step: 'validate', generation: 0, at },
+    { type: 'STEP_DONE', step: 'render', generation: 0, at },
+  ];
+  if (state === 'waitingBatchHost') events.push({ type: 'SHADOW_UP', host: 'h', generation: 1, at });
+  return events;
+}
+
+describe('deadline index and clock', () => {
+  let deps: FleetDeps;
+  beforeAll(() => {
+    deps = fleetDeps(config, redis.redis, silentLogger(), { keyPrefix: 'dlc:', bullPrefix: 'dlc' });
+  });
+  afterAll(async () => {
+    await deps?.queues.close();
+  });
+
+  it('a due deadline is claimed by one of two clocks, once, and claimed again only after its claim ran out', async () => {
+    const podUid = uid();
+    const past = Date.now() - 60_000;
+    const result = await drive(deps, podUid, upTo('launchingShadow', past));
+    expect(result).toMatchObject({ kind: 'applied', to: 'launchingShadow' });
+    expect(Number(await redis.redis.zscore(deps.keys.deadlines(), podUid))).toBe(past + 2_000);
+
+    const a = new DeadlineClock(deps, { claimMs: 1_500 });
+    const b = new DeadlineClock(deps, { claimMs: 1_500 });
+    const sent = await Promise.all([a.tick(), b.tick()]);
+    expect(sent.sort()).toEqual([0, 1]);
+    const events = (await deps.queues.events.getWaiting()).filter((j) => j.data.uid === podUid);
+    expect(events.map((j) => j.data.event)).toEqual([
+      { type: 'DEADLINE', name: 'launchingShadow', generation: 1, at: expect.any(Number) },
+    ]);
+    // Not answered (the event is still queued): delivered again once the claim runs out, not before.
+    expect(await a.tick()).toBe(0);
+    await new Promise((r) => setTimeout(r, 1_600));
+    expect(await b.tick()).toBe(1);
+
+    // Delivered: the machine relaunches, and the new state's deadline replaces the old in the index.
+    const relaunched = await applyPodEvent(deps, podUid, events[0]!.data.event);
+    expect(relaunched).toMatchObject({ kind: 'applied', to: 'launchingShadow' });
+    const context = relaunched.kind === 'applied' ? relaunched.context : undefined;
+    expect(context?.generation).toBe(2);
+    expect(Number(await redis.redis.zscore(deps.keys.deadlines(), podUid))).toBe(context?.deadline?.at);
+    // A DEADLINE of the generation before is stale: no transition.
+    expect((await applyPodEvent(deps, podUid, events[0]!.data.event)).kind).toBe('ignored');
+    await deps.queues.events.drain();
+  });
+
+  it('a deadline withdrawn by a new state is never delivered, and a forgotten pod leaves no entry', async () => {
+    const podUid = uid();
+    const past = Date.now() - 60_000;
+    await drive(deps, podUid, upTo('waitingBatchHost', past));
+    expect(await redis.redis.zscore(deps.keys.deadlines(), podUid)).not.toBeNull();
+    // active holds no deadline.
+    const active = await drive(deps, podUid, [
+      { type: 'BATCH_HOST', batchHost: 'n1', jobId: '1', generation: 1, at: past },
+      { type: 'CARRIER_OPEN', generation: 1, at: past },
+      { type: 'FORWARDS_READY', generation: 1, at: past },
+    ]);
+    expect(active).toMatchObject({ kind: 'applied', to: 'active' });
+    expect(await redis.redis.zscore(deps.keys.deadlines(), podUid)).toBeNull();
+    expect(await new DeadlineClock(deps).tick()).toBe(0);
+
+    const other = uid();
+    await drive(deps, other, upTo('launchingShadow', Date.now()));
+    expect(await redis.redis.zscore(deps.keys.deadlines(), other)).not.toBeNull();
+    await deps.store.remove(other, 1);
+    expect(await redis.redis.zscore(deps.keys.deadlines(), other)).toBeNull();
+    await deps.store.remove(podUid, 1);
+  });
+});
+
+describe('the control worker delivers deadlines and reports steps that used up their retries', () => {
+  let deps: FleetDeps;
+  let control: ControlWorker;
+  beforeAll(() => {
+    deps = fleetDeps(config, redis.redis, silentLogger(), { keyPrefix: 'dlw:', bullPrefix: 'dlw' });
+    control = new ControlWorker(deps, { events: redis.redis, steps: redis.redis }, { deadlines: { everyMs: 100 } });
+  });
+  afterAll(async () => {
+    await control?.close();
+    await deps?.queues.close();
+  });
+
+  it('a shadow that never comes up is relaunched at its phase deadline, until the budget is spent', async () => {
+    const podUid = uid();
+    const t0 = Date.now();
+    await sendEvent(deps.queues, podUid, {
+      type: 'POD_UPSERT',
+      namespace: 'user',
+      name: 'never-up',
+      annotations: ANNOTATIONS,
+      at: t0,
+    });
+    // Nobody takes the session jobs: each launch's 2 s deadline relaunches, RetryLimit launches, then failed.
+    await waitForPodState({ deps }, podUid, 'failed', 45_000);
+    const history = await deps.store.history(podUid);
+    const deadlines = history.filter((h) => h.event === 'DEADLINE');
+    const limit = config.Backhaul.RetryLimit;
+    expect(deadlines.map((h) => `${h.from}→${h.to}`)).toEqual([
+      ...Array.from({ length: limit - 1 }, () => 'launchingShadow→launchingShadow'),
+      'launchingShadow→failed',
+    ]);
+    // Delivered on time: each within a second of falling due (the clock polls every 100 ms). Each
+    // launch's deadline counts from the end of its backoff.
+    const launches = history.filter((h) => h.to === 'launchingShadow');
+    for (const [i, d] of deadlines.entries()) {
+      const due = launches[i]!.at + backoffDelay(i, 100, config.Backhaul.RetryBackoffMax) + 2_000;
+      expect(d.at).toBeGreaterThanOrEqual(due);
+      expect(d.at).toBeLessThan(due + 1_000);
+    }
+    expect(await redis.redis.zscore(deps.keys.deadlines(), podUid)).toBeNull();
+    await sendEvent(deps.queues, podUid, { type: 'TEARDOWN', reason: 'test', at: Date.now() });
+    await waitForPodState({ deps }, podUid, null, 30_000);
+  }, 60_000);
+
+  it('a teardown step failing on every attempt fails the pod with its error; RETRY after the fix ends it', async () => {
+    const podUid = uid();
+    await sendEvent(deps.queues, podUid, {
+      type: 'POD_UPSERT',
+      namespace: 'user',
+      name: 'bad-lease',
+      annotations: ANNOTATIONS,
+      at: Date.now(),
+    });
+    await waitForPodState({ deps }, podUid, 'launchingShadow', 10_000);
+    // A real Redis failure: the lease key holds a string, so revoking it (teardown's first act) errors.
+    await redis.redis.set(deps.keys.lease(podUid), 'not a hash');
+    await control.steps.pause();
+    await sendEvent(deps.queues, podUid, { type: 'TEARDOWN', reason: 'test', at: Date.now() });
+    await waitForPodState({ deps }, podUid, 'tearingDown', 10_000);
+    // The queued teardown job, with fewer and quicker retries than the fleet's, so the test is short.
+    const job = await deps.queues.steps.getJob(jobIds.step(podUid, 'teardown', 1));
+    expect(job).toBeTruthy();
+    await job!.remove();
+    await deps.queues.steps.add(
+      'teardown',
+      { uid: podUid, step: 'teardown', generation: 1 },
+      { jobId: jobIds.step(podUid, 'teardown', 1), attempts: 2, backoff: { type: 'fixed', delay: 100 } },
+    );
+    control.steps.resume();
+    await waitForPodState({ deps }, podUid, 'failed', 15_000);
+    const stored = await deps.store.load(podUid);
+    const lastError = (stored?.snapshot as { context: { lastError: { kind: string; message: string } } }).context
+      .lastError;
+    expect(lastError.kind).toBe('step-failed');
+    expect(lastError.message).toMatch(/^teardown failed 2 time\(s\): .*WRONGTYPE/);
+
+    await redis.redis.del(deps.keys.lease(podUid));
+    await sendEvent(deps.queues, podUid, { type: 'RETRY', at: Date.now() });
+    await waitForPodState({ deps }, podUid, null, 20_000);
+  }, 45_000);
+});
