@@ -10,9 +10,8 @@
  *   profile      one such run with `node --cpu-prof` on the worker: where its CPU goes.
  *   micro        the pieces alone, in this process: the pure machine step (zod, XState, JSON), applyWithRetry,
  *                applyPodEvent without queues, bare BullMQ jobs, batching a pod's events (bench/control-micro.ts).
- *   experiments  the same end-to-end run with worker variants (bench/control-worker-variant.ts): concurrency,
- *                a cheaper XState transition, inline pure steps, no STEP_DONE(launch), ioredis auto-pipelining,
- *                no deadline jobs (an upper bound), and all of them together.
+ *   experiments  the same end-to-end run with src's ControlWorker at other settings (bench/control-worker-variant.ts):
+ *                concurrency 32/16, 128/64 (the default), 256/128, and ioredis auto-pipelining; 1 and 2 processes.
  *   shadows      heap per idle shadow on the loopback site (bench/control-shadows.ts, in a child with
  *                --expose-gc), BENCH_SHADOWS shadows (100) in each of BENCH_SHADOW_MODES (session,raw).
  *
@@ -65,83 +64,24 @@ interface Experiment {
   spec: WorkerSpec;
 }
 const variant = (label: string, ...args: string[]): WorkerSpec => ({ kind: 'variant', label, args });
-const ALL_FIXES = ['--fast-transition', '--inline-steps', '--no-launch-report', '--auto-pipeline'];
-const CONC_128 = ['--events', '128', '--steps', '64'];
-const EXPERIMENTS: Experiment[] = [
-  { name: 'baseline', workers: 1, spec: variant('src ControlWorker, 32/16', '--variant', 'baseline') },
-  {
-    name: 'conc-8',
-    workers: 1,
-    spec: variant('concurrency events 8 / steps 4', '--variant', 'baseline', '--events', '8', '--steps', '4'),
-  },
-  {
-    name: 'conc-128',
-    workers: 1,
-    spec: variant('concurrency events 128 / steps 64', '--variant', 'baseline', '--events', '128', '--steps', '64'),
-  },
-  {
-    name: 'fast-transition',
-    workers: 1,
-    spec: variant('+ shared actor scope', '--variant', 'custom', '--fast-transition'),
-  },
-  {
-    name: 'inline-steps',
-    workers: 1,
-    spec: variant('+ validate/render inline', '--variant', 'custom', '--inline-steps'),
-  },
-  {
-    name: 'no-launch-report',
-    workers: 1,
-    spec: variant('+ no STEP_DONE(launch)', '--variant', 'custom', '--no-launch-report'),
-  },
-  {
-    name: 'auto-pipeline',
-    workers: 1,
-    spec: variant('+ ioredis auto-pipelining', '--variant', 'custom', '--auto-pipeline'),
-  },
-  {
-    name: 'no-deadline-jobs',
-    workers: 1,
-    spec: variant('+ no deadline jobs (bound)', '--variant', 'custom', '--no-deadline-jobs'),
-  },
-  { name: 'baseline-2', workers: 2, spec: variant('src ControlWorker, 32/16', '--variant', 'baseline') },
-  {
-    name: 'conc-128-2',
-    workers: 2,
-    spec: variant('concurrency events 128 / steps 64', '--variant', 'baseline', '--events', '128', '--steps', '64'),
-  },
-  { name: 'combined', workers: 1, spec: variant('all four fixes', '--variant', 'custom', ...ALL_FIXES) },
-  { name: 'combined-2', workers: 2, spec: variant('all four fixes', '--variant', 'custom', ...ALL_FIXES) },
-  {
-    name: 'combined+nodl',
-    workers: 1,
-    spec: variant('all four + no deadline jobs', '--variant', 'custom', ...ALL_FIXES, '--no-deadline-jobs'),
-  },
-  {
-    name: 'combined+nodl-2',
-    workers: 2,
-    spec: variant('all four + no deadline jobs', '--variant', 'custom', ...ALL_FIXES, '--no-deadline-jobs'),
-  },
-  ...[1, 2].flatMap((workers) => [
+/** src's ControlWorker with other concurrency or ioredis auto-pipelining, with one and two processes. */
+const EXPERIMENTS: Experiment[] = [1, 2].flatMap((workers) => {
+  const suffix = workers === 1 ? '' : '-2';
+  return [
     {
-      name: workers === 1 ? 'tuned' : 'tuned-2',
+      name: `conc-32${suffix}`,
       workers,
-      spec: variant('all four fixes, concurrency 128/64', '--variant', 'custom', ...ALL_FIXES, ...CONC_128),
+      spec: variant('concurrency events 32 / steps 16', '--events', '32', '--steps', '16'),
     },
+    { name: `conc-128${suffix}`, workers, spec: variant('concurrency events 128 / steps 64 (default)') },
     {
-      name: workers === 1 ? 'tuned+nodl' : 'tuned+nodl-2',
+      name: `conc-256${suffix}`,
       workers,
-      spec: variant(
-        'all four, 128/64, no deadline jobs',
-        '--variant',
-        'custom',
-        ...ALL_FIXES,
-        ...CONC_128,
-        '--no-deadline-jobs',
-      ),
+      spec: variant('concurrency events 256 / steps 128', '--events', '256', '--steps', '128'),
     },
-  ]),
-];
+    { name: `auto-pipeline${suffix}`, workers, spec: variant('128/64 + ioredis auto-pipelining', '--auto-pipeline') },
+  ];
+});
 const SELECTED = process.env.BENCH_EXPERIMENTS
   ? new Set(process.env.BENCH_EXPERIMENTS.split(',').map((e) => e.trim()))
   : undefined;
@@ -416,8 +356,8 @@ try {
           ['pure step, per transition', 'CPU µs'],
           ['parsePodEvent (zod)', fmt(machine.parseEvent, 1)],
           ['restorePod (JSON.parse + zod + resolveState)', fmt(machine.restore, 1)],
-          ['applyEvent (XState transition())', fmt(machine.applyEvent, 1)],
-          ['  same through one shared actor scope', fmt(machine.fastApplyEvent, 1)],
+          ['applyEvent (machine.transition, one shared actor scope)', fmt(machine.applyEvent, 1)],
+          ["  XState's transition() (an inert actor per call)", fmt(machine.xstateTransition, 1)],
           ['persistPod (structuredClone)', fmt(machine.persist, 1)],
           ['JSON.stringify of the snapshot', fmt(machine.json, 1)],
           ['all of it, as applyPodEvent decides', fmt(machine.total, 1)],

@@ -36,8 +36,9 @@ import { WORKLOAD_DONE, workloadScript } from './workload.js';
  * undoes everything it started, on success and on failure alike.
  */
 
-export const DEMO_USER = 'bhdemo';
-export const DEFAULT_DEMO_BYTES = 8 * 1024 * 1024;
+import { DEFAULT_DEMO_BYTES, DEMO_USER } from './demo-options.js';
+
+export { DEFAULT_DEMO_BYTES, DEMO_USER } from './demo-options.js';
 
 export interface DemoOptions {
   mode: DemoMode;

@@ -26,8 +26,9 @@ import type { DemoService } from './service.js';
  * undo with the Cleanup it is given.
  */
 
-export const DEMO_MODES = ['node', 'userspace', 'srun'] as const;
-export type DemoMode = (typeof DEMO_MODES)[number];
+import type { DemoMode } from './demo-options.js';
+
+export { DEMO_MODES, type DemoMode } from './demo-options.js';
 
 export const PYTHON = '/usr/bin/python3';
 

@@ -21,7 +21,7 @@
  *
  * Reports, deadlines and step results of another generation are ignored: no transition, no effects.
  */
-import { type AnyActorScope, and, assign, createActor, initialTransition, setup } from 'xstate';
+import { type AnyActorScope, and, assign, createActor, setup } from 'xstate';
 import {
   backoffDelay,
   deadlineTimeout,
@@ -378,13 +378,14 @@ export function stateOf(snapshot: PodSnapshot): PodStateName {
 /** The first snapshot of a pod and the effects of entering `validating`. Throws on bad input (a caller's bug). */
 export function startPod(input: PodInput, at: number): PodStep {
   const checked = podInputSchema.parse(input);
-  const [snapshot, executable] = initialTransition(podMachine, { input: checked, at });
+  const snapshot = podMachine.getInitialSnapshot(transitionScope(), { input: checked, at }) as PodSnapshot;
+  const executable = collected.splice(0);
   return { snapshot, actions: toPodActions(executable) };
 }
 
 /**
- * XState's pure `transition(machine, snapshot, event)` builds a whole inert actor (and actor system) for
- * every call, which was half the control worker's CPU per event (bench:control). The pod machine spawns
+ * XState's pure `transition(machine, snapshot, event)` and `initialTransition` build a whole inert actor
+ * (and actor system) for every call, which was half the control worker's CPU per event (bench:control). The pod machine spawns
  * no children, never uses `self` and runs no action itself (its effects are collected below), so one
  * scope made once serves every transition: the step is still XState's own `machine.transition`.
  * Node runs one transition at a time, so the collected list is never shared between two.

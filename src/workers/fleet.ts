@@ -1,4 +1,3 @@
-import { hostname } from 'node:os';
 import type { Redis } from 'ioredis';
 import { type ClusterRoleOptions, type ClusterRoles, startClusterRoles } from '../cluster/cluster-roles.js';
 import type { Logger } from '../log.js';
@@ -6,10 +5,10 @@ import type { SiteConfig } from '../spec/site-config.js';
 import { preloadScripts } from '../store/scripts.js';
 import { ControlWorker } from './control-worker.js';
 import { type FleetDeps, type FleetDepsOptions, fleetDeps } from './fleet-deps.js';
+import { defaultHostId, type Role } from './roles.js';
 import { SessionHost } from './session-host.js';
 
-export const ROLES = ['control', 'session', 'watch', 'webhook'] as const;
-export type Role = (typeof ROLES)[number];
+export { defaultHostId, ROLES, type Role } from './roles.js';
 
 export interface FleetOptions extends FleetDepsOptions {
   roles: readonly Role[];
@@ -28,10 +27,6 @@ export interface RunningFleet {
   cluster: ClusterRoles;
   /** Session host first (hands its shadows back), then the control worker finishes its job at hand. */
   stop(): Promise<void>;
-}
-
-export function defaultHostId(): string {
-  return `${hostname()}-${process.pid}`;
 }
 
 export async function startFleet(

@@ -1,6 +1,5 @@
 import { type Command, Option } from 'commander';
-import { DEFAULT_DEMO_BYTES, DEMO_USER, runDemo } from '../../demo/run-demo.js';
-import { DEMO_MODES, type DemoMode } from '../../demo/stack.js';
+import { DEFAULT_DEMO_BYTES, DEMO_MODES, DEMO_USER, type DemoMode } from '../../demo/demo-options.js';
 import { DEFAULT_REDIS_URL } from '../../store/redis.js';
 
 interface DemoFlags {
@@ -28,6 +27,8 @@ export function registerDemo(program: Command): void {
     .option('--mib <n>', 'MiB the workload uploads and reads back', String(DEFAULT_DEMO_BYTES / (1024 * 1024)))
     .action(async (flags: DemoFlags) => {
       const mib = Number(flags.mib);
+      // Loaded here: the demo's code (SSH, Slurm, the fleet) is not needed by any other command.
+      const { runDemo } = await import('../../demo/run-demo.js');
       await runDemo({
         mode: flags.mode,
         redis: flags.redis ?? process.env.REDIS_URL ?? DEFAULT_REDIS_URL,

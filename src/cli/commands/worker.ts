@@ -1,8 +1,9 @@
 import { type Command, InvalidArgumentError } from 'commander';
-import { type HealthServer, startHealthServer } from '../../cluster/health.js';
+import type { HealthServer } from '../../cluster/health.js';
 import { createLogger } from '../../log.js';
 import { createRedis } from '../../store/redis.js';
-import { defaultHostId, ROLES, type Role, type RunningFleet, startFleet } from '../../workers/fleet.js';
+import type { RunningFleet } from '../../workers/fleet.js';
+import { defaultHostId, ROLES, type Role } from '../../workers/roles.js';
 import { type FleetOption, fleetOptions } from '../fleet-connection.js';
 import { loadSiteConfig } from '../inputs.js';
 
@@ -45,6 +46,11 @@ export function registerWorker(program: Command): void {
       .option('--health-port <port>', 'serve GET /livez and /readyz on this port for probes (default: none)', port)
       .option('--health-address <address>', 'address of the health endpoint', '0.0.0.0'),
   ).action(async (flags: WorkerFlags) => {
+    // Loaded here: the fleet (SSH, Kubernetes client, BullMQ workers) is not needed by any other command.
+    const [{ startFleet }, { startHealthServer }] = await Promise.all([
+      import('../../workers/fleet.js'),
+      import('../../cluster/health.js'),
+    ]);
     const config = await loadSiteConfig(flags);
     const log = createLogger('backhaul');
     const url = flags.redis ?? process.env.REDIS_URL ?? config.Backhaul.Redis.URL;
