@@ -1,7 +1,8 @@
 /**
  * Fencing leases on a pod's shadow (DESIGN §4.7): `<prefix>lease:<uid>` names the session host that
  * holds the shadow, its generation and a fencing token drawn from a counter at each grant. Only the
- * current token renews or releases; a session whose renewal fails has lost the lease and closes at once.
+ * current token renews (even past `expiresAt`, so a Redis outage does not end healthy shadows) or releases;
+ * a session whose renewal fails has lost the lease and closes at once.
  * Times come from the Redis clock, so hosts with skewed clocks agree on expiry.
  *
  * The key outlives `expiresAt` by `retainMs`, so the reaper can still see whose lease expired (a dead
@@ -25,7 +26,8 @@ export type AcquireResult =
   | { ok: true; lease: Lease }
   | { ok: false; reason: 'held' | 'older-generation'; current: Lease };
 
-export type RenewResult = { ok: true; expiresAt: number } | { ok: false; reason: 'lost' | 'expired' };
+/** Renewed by the current token even after expiresAt: fencing is by token, so a holder nobody replaced goes on. */
+export type RenewResult = { ok: true; expiresAt: number } | { ok: false; reason: 'lost' };
 
 export interface LeaseListing {
   /** Redis clock when listed, ms. */
@@ -72,7 +74,7 @@ export class LeaseStore {
     )) as [number, number | string];
     const [renewed, detail] = reply;
     if (renewed === 1) return { ok: true, expiresAt: Number(detail) };
-    return { ok: false, reason: detail === 'expired' ? 'expired' : 'lost' };
+    return { ok: false, reason: 'lost' };
   }
 
   /** False when the lease is gone or was granted to someone else since. */

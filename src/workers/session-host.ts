@@ -44,6 +44,8 @@ function eventOf(phase: ShadowPhase, generation: number, hostId: string, at: num
 export class SessionHost {
   readonly worker: Worker<SessionJobData, SessionOutcome>;
   private readonly sessions = new Map<string, ShadowSession>();
+  /** Each session job being processed here, by job id (see process). */
+  private readonly holding = new Map<string, Promise<SessionOutcome>>();
   private handingOver = false;
   private readonly heartbeat: NodeJS.Timeout;
 
@@ -56,7 +58,7 @@ export class SessionHost {
     const capacity = deps.config.Backhaul.SessionCapacity;
     this.worker = new Worker<SessionJobData, SessionOutcome>(
       QUEUE_NAMES.sessions,
-      (job, token) => this.hold(job, token),
+      (job, token) => this.process(job, token),
       {
         connection,
         concurrency: capacity,
@@ -92,6 +94,42 @@ export class SessionHost {
     clearInterval(this.heartbeat);
     await this.deps.hosts.unregister(this.hostId).catch(() => undefined);
     this.access.pool.close();
+  }
+
+  /**
+   * A job whose lock ran out while this host held it (a Redis outage longer than lockDuration) is put
+   * back to wait by the stall check and may come back to this very host while its first processing
+   * still holds the shadow (its lease renewed by its token). The second processing then stands for the
+   * first instead of starting a second session: a new lease would fence the first session, whose
+   * teardown would remove the sockets of the new one (SOCKETS_VANISHED: the pod torn down).
+   */
+  private process(job: Job<SessionJobData>, token: string | undefined): Promise<SessionOutcome> {
+    const key = job.id ?? `${job.data.uid}:${job.data.generation}`;
+    const earlier = this.holding.get(key);
+    if (earlier) return this.adopt(job, token, earlier);
+    const holding = this.hold(job, token);
+    this.holding.set(key, holding);
+    const forget = () => {
+      if (this.holding.get(key) === holding) this.holding.delete(key);
+    };
+    holding.then(forget, forget);
+    return holding;
+  }
+
+  private async adopt(
+    job: Job<SessionJobData>,
+    token: string | undefined,
+    earlier: Promise<SessionOutcome>,
+  ): Promise<SessionOutcome> {
+    const { uid, generation } = job.data;
+    this.deps.log.info({ uid, generation, host: this.hostId }, 'session job back after a stall: its session goes on');
+    try {
+      return await earlier;
+    } catch (err) {
+      // The first processing handed the shadow back with its stale job token: hand the job back with ours.
+      if (this.handingOver) return this.handBack(job, token, undefined);
+      throw err;
+    }
   }
 
   private async hold(job: Job<SessionJobData>, token: string | undefined): Promise<SessionOutcome> {
@@ -138,7 +176,8 @@ export class SessionHost {
       },
     });
     this.sessions.set(uid, session);
-    // Losing the lease (revoked by teardown, taken after an expiry) closes the session at once.
+    // Losing the lease (revoked by teardown, taken after an expiry) closes the session at once. A renewal
+    // after expiresAt still succeeds while nobody has taken the lease, so a Redis outage does not end it.
     const renew = setInterval(
       () => {
         deps.leases.renew(uid, fence, ttl).then(
@@ -156,7 +195,9 @@ export class SessionHost {
       return end;
     } finally {
       clearInterval(renew);
-      this.sessions.delete(uid);
+      // After a stall (its job lock ran out, e.g. in a Redis outage) this host may have taken the same
+      // job again: that newer session is the pod's now and must stay known (stop() closes what is here).
+      if (this.sessions.get(uid) === session) this.sessions.delete(uid);
       if (!this.handingOver) await deps.leases.release(uid, fence).catch(() => false);
     }
   }

@@ -379,7 +379,7 @@ describe('LeaseStore', () => {
     expect((await leases.acquire('u1', 'host-b', 2, 5_000)).ok).toBe(true);
   });
 
-  it('expiry: an expired lease cannot be renewed, may be taken over, and is listed for the reaper', async () => {
+  it('expiry: an expired lease may be taken over and is listed for the reaper', async () => {
     const leases = new LeaseStore(redis, { keys: freshKeys(), retainMs: 30_000 });
     const a = await leases.acquire('u1', 'host-a', 1, 100);
     const b = await leases.acquire('u2', 'host-a', 1, 30_000);
@@ -399,11 +399,49 @@ describe('LeaseStore', () => {
       ['host-a', ['u1', 'u2']],
     ]);
 
-    expect(await leases.renew('u1', a.lease.token, 5_000)).toEqual({ ok: false, reason: 'expired' });
     const taken = await leases.acquire('u1', 'host-b', 1, 5_000);
     expect(taken.ok).toBe(true);
     expect(await leases.renew('u1', a.lease.token, 5_000)).toEqual({ ok: false, reason: 'lost' });
     expect((await leases.listExpired()).leases).toEqual([]);
+  });
+
+  it('an expired lease nobody took is renewed by its own token (a Redis outage must not end a shadow)', async () => {
+    const leases = new LeaseStore(redis, { keys: freshKeys(), retainMs: 30_000 });
+    const a = await leases.acquire('u1', 'host-a', 1, 100);
+    if (!a.ok) throw new Error('not granted');
+    await sleep(150);
+    expect((await leases.listExpired()).leases.map((l) => l.uid)).toEqual(['u1']);
+
+    const renewed = await leases.renew('u1', a.lease.token, 5_000);
+    if (!renewed.ok) throw new Error(`not renewed: ${renewed.reason}`);
+    expect(renewed.expiresAt).toBeGreaterThan(a.lease.expiresAt + 5_000);
+    const lease = await leases.get('u1');
+    expect(lease).toEqual({ ...a.lease, expiresAt: renewed.expiresAt });
+    expect((await leases.list()).leases).toEqual([{ ...a.lease, expiresAt: renewed.expiresAt, expired: false }]);
+    expect((await leases.listExpired()).leases).toEqual([]);
+    // Renewed, it is held again: another host cannot take it.
+    expect(await leases.acquire('u1', 'host-b', 1, 5_000)).toMatchObject({ ok: false, reason: 'held' });
+    // The key's TTL is set again too (ttl + retain).
+    expect(await redis.pttl(leases.keys.lease('u1'))).toBeGreaterThan(30_000);
+  });
+
+  it('an expired lease taken by another host or revoked is lost to its old token', async () => {
+    const leases = new LeaseStore(redis, { keys: freshKeys(), retainMs: 30_000 });
+    const a = await leases.acquire('u1', 'host-a', 1, 100);
+    const r = await leases.acquire('u2', 'host-a', 1, 100);
+    if (!a.ok || !r.ok) throw new Error('not granted');
+    await sleep(150);
+
+    // Taken over while expired: the new token fences the old holder out for good.
+    const taken = await leases.acquire('u1', 'host-b', 1, 5_000);
+    if (!taken.ok) throw new Error('not taken over');
+    expect(await leases.renew('u1', a.lease.token, 5_000)).toEqual({ ok: false, reason: 'lost' });
+    expect(await leases.get('u1')).toEqual(taken.lease);
+
+    // Revoked while expired: gone, so the old token renews nothing and nothing comes back.
+    expect(await leases.revoke('u2', 1)).toBe(true);
+    expect(await leases.renew('u2', r.lease.token, 5_000)).toEqual({ ok: false, reason: 'lost' });
+    expect(await leases.get('u2')).toBeNull();
   });
 
   it('revoke: the control plane deletes a given-up generation’s lease; its holder then loses it', async () => {
