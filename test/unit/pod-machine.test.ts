@@ -1,5 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { transition } from 'xstate';
 import {
   applyEvent,
   DEADLINE_NAMES,
@@ -934,6 +935,17 @@ describe('pod machine: random event sequences keep the invariants', () => {
           }
           const restored = restorePod(JSON.parse(JSON.stringify(persistPod(next))));
           expect(restored.ok && persistPod(restored.snapshot)).toEqual(persistPod(next));
+          // applyEvent runs through one shared actor scope: it must give exactly what XState's own pure
+          // transition() (a fresh inert actor per call) gives.
+          if (snapshot.status === 'active') {
+            const [reference, executable] = transition(podMachine, snapshot, event);
+            expect(stateOf(reference)).toBe(state);
+            expect(reference.context).toEqual(next.context);
+            const named = executable.filter((a) => (POD_ACTION_TYPES as readonly string[]).includes(a.type));
+            expect(result.actions).toEqual(
+              result.changed ? named.map((a) => ({ type: a.type, params: a.params })) : [],
+            );
+          }
           snapshot = next;
         }
       }),
