@@ -43,6 +43,8 @@ export function jobPhase(state: string): JobPhase {
 
 export interface SlurmJob {
   jobId: string;
+  /** The job's name: the pod UID for the jobs interLink submits. */
+  name: string;
   state: string;
   phase: JobPhase;
   /** The node running the batch script; empty until the job starts. */
@@ -53,18 +55,27 @@ const FIELD_SEPARATOR = '|';
 const JOB_ID = /^\d+(?:_\d+)?$/;
 const HOST = /^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})$/;
 
-/** `squeue` for the jobs of `user` named `jobName`, in every state, one `id|state|batchhost` line each. */
-export function squeueCommand(user: string, jobName: string): string {
-  return `squeue --noheader --all --states=all --user=${shellWord(user)} --name=${shellWord(jobName)} --format='%i|%t|%B'`;
+/**
+ * One `squeue` for the jobs of `user` with any of `jobNames`, in every state, one `id|state|batchhost|name`
+ * line each. The name goes last: it is the only field that may hold the separator.
+ */
+export function squeueCommand(user: string, jobNames: readonly string[]): string {
+  if (jobNames.length === 0) throw new RangeError('squeueCommand: no job name');
+  for (const name of jobNames) {
+    // squeue splits --name at commas; pod UIDs never hold one.
+    if (name.length === 0 || name.includes(','))
+      throw new RangeError(`squeueCommand: bad job name ${JSON.stringify(name)}`);
+  }
+  return `squeue --noheader --all --states=all --user=${shellWord(user)} --name=${shellWord(jobNames.join(','))} --format='%i|%t|%B|%j'`;
 }
 
 export function parseSqueue(output: string): SlurmJob[] {
   const jobs: SlurmJob[] = [];
   for (const line of output.split('\n')) {
-    const [jobId, state, host] = line.trim().split(FIELD_SEPARATOR);
+    const [jobId, state, host, ...name] = line.trim().split(FIELD_SEPARATOR);
     if (!jobId || !state || !JOB_ID.test(jobId)) continue;
     const batchHost = host && host !== 'n/a' && host !== '(null)' && HOST.test(host) ? host : undefined;
-    jobs.push({ jobId, state, phase: jobPhase(state), batchHost });
+    jobs.push({ jobId, name: name.join(FIELD_SEPARATOR), state, phase: jobPhase(state), batchHost });
   }
   return jobs;
 }

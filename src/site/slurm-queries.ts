@@ -3,12 +3,102 @@ import { execCapture } from '../ssh/remote-exec.js';
 import { SessionError } from '../ssh/session-error.js';
 import { currentJob, parseSqueue, type SlurmJob, squeueCommand } from './slurm-job.js';
 
-/** The pod's job as squeue sees it now, through the login node; undefined when Slurm knows none. */
-export async function findPodJob(login: Client, user: string, podUid: string): Promise<SlurmJob | undefined> {
-  const result = await execCapture(login, squeueCommand(user, podUid), { timeoutMs: 30_000 });
-  if (result.code !== 0) {
-    const said = result.stderr.trim().split('\n').slice(-2).join(' | ');
-    throw new SessionError('login-unreachable', `squeue failed on the login node (exit ${result.code}): ${said}`);
+/** Names per squeue: keeps the command line short (a pod UID is 36 characters). */
+const NAMES_PER_QUERY = 200;
+const QUERY_TIMEOUT_MS = 30_000;
+
+interface Waiter {
+  resolve(job: SlurmJob | undefined): void;
+  reject(err: unknown): void;
+}
+
+/**
+ * The pod jobs of one user, looked up through one login connection. Every shadow polls its job (every
+ * 2 s while it is pending); one `squeue` each would be an RPC to slurmctld per pod per poll, the load
+ * site administrators forbid. Lookups asked while a query runs wait for the next, which asks for all
+ * of them at once: one query in flight per connection and user, with no added wait when idle.
+ */
+export class SlurmJobLookup {
+  private queued = new Map<string, Waiter[]>();
+  private running: Promise<void> | undefined;
+  /** squeue commands run so far (for tests and metrics). */
+  queries = 0;
+
+  constructor(
+    private readonly login: Client,
+    private readonly user: string,
+  ) {}
+
+  find(jobName: string): Promise<SlurmJob | undefined> {
+    return new Promise((resolve, reject) => {
+      const waiters = this.queued.get(jobName);
+      if (waiters) waiters.push({ resolve, reject });
+      else this.queued.set(jobName, [{ resolve, reject }]);
+      this.kick();
+    });
   }
-  return currentJob(parseSqueue(result.stdout));
+
+  private kick(): void {
+    if (this.running || this.queued.size === 0) return;
+    const batch = this.queued;
+    this.queued = new Map();
+    this.running = this.query(batch).finally(() => {
+      this.running = undefined;
+      this.kick();
+    });
+  }
+
+  private async query(batch: Map<string, Waiter[]>): Promise<void> {
+    const names = [...batch.keys()];
+    for (let i = 0; i < names.length; i += NAMES_PER_QUERY) {
+      const chunk = names.slice(i, i + NAMES_PER_QUERY);
+      try {
+        this.queries += 1;
+        const jobs = await this.squeue(chunk);
+        for (const name of chunk) {
+          const job = currentJob(jobs.filter((j) => j.name === name));
+          for (const waiter of batch.get(name) ?? []) waiter.resolve(job);
+        }
+      } catch (err) {
+        for (const name of chunk) for (const waiter of batch.get(name) ?? []) waiter.reject(err);
+      }
+    }
+  }
+
+  private async squeue(names: readonly string[]): Promise<SlurmJob[]> {
+    const result = await execCapture(this.login, squeueCommand(this.user, names), { timeoutMs: QUERY_TIMEOUT_MS });
+    if (result.code !== 0) {
+      const said = result.stderr.trim().split('\n').slice(-2).join(' | ');
+      const how =
+        result.code !== null
+          ? `exit ${result.code}`
+          : result.signal
+            ? `killed by ${result.signal}`
+            : 'the channel closed without an exit status';
+      throw new SessionError('login-unreachable', `squeue failed on the login node (${how})${said ? `: ${said}` : ''}`);
+    }
+    return parseSqueue(result.stdout);
+  }
+}
+
+const lookups = new WeakMap<Client, Map<string, SlurmJobLookup>>();
+
+/** The lookup shared by every caller of one login connection and user. */
+export function jobLookup(login: Client, user: string): SlurmJobLookup {
+  let byUser = lookups.get(login);
+  if (!byUser) {
+    byUser = new Map();
+    lookups.set(login, byUser);
+  }
+  let lookup = byUser.get(user);
+  if (!lookup) {
+    lookup = new SlurmJobLookup(login, user);
+    byUser.set(user, lookup);
+  }
+  return lookup;
+}
+
+/** The pod's job as squeue sees it now, through the login node; undefined when Slurm knows none. */
+export function findPodJob(login: Client, user: string, podUid: string): Promise<SlurmJob | undefined> {
+  return jobLookup(login, user).find(podUid);
 }

@@ -19,24 +19,31 @@ describe('squeue parsing', () => {
     ['XX', 'pending'],
   ])('state %s is %s', (state, phase) => expect(jobPhase(state)).toBe(phase));
 
-  it('reads id, state and batch host, and ignores junk lines', () => {
-    const jobs = parseSqueue('12|R|bhnode1\n13|PD|n/a\nwarning: something\n14_3|R|cn042.cluster\n15|R|$(id)\n');
+  it('reads id, state, batch host and name, and ignores junk lines', () => {
+    const jobs = parseSqueue(
+      '12|R|bhnode1|a\n13|PD|n/a|b\nwarning: something\n14_3|R|cn042.cluster|c|d\n15|R|$(id)|e\n',
+    );
     expect(jobs).toEqual([
-      { jobId: '12', state: 'R', phase: 'running', batchHost: 'bhnode1' },
-      { jobId: '13', state: 'PD', phase: 'pending', batchHost: undefined },
-      { jobId: '14_3', state: 'R', phase: 'running', batchHost: 'cn042.cluster' },
-      { jobId: '15', state: 'R', phase: 'running', batchHost: undefined },
+      { jobId: '12', name: 'a', state: 'R', phase: 'running', batchHost: 'bhnode1' },
+      { jobId: '13', name: 'b', state: 'PD', phase: 'pending', batchHost: undefined },
+      // The name is the last field: a separator in it stays part of it.
+      { jobId: '14_3', name: 'c|d', state: 'R', phase: 'running', batchHost: 'cn042.cluster' },
+      { jobId: '15', name: 'e', state: 'R', phase: 'running', batchHost: undefined },
     ]);
   });
 
   it('picks the newest live job of the pod, else the newest', () => {
-    const jobs = parseSqueue('9|CA|n1\n11|R|n2\n10|PD|n/a\n');
+    const jobs = parseSqueue('9|CA|n1|p\n11|R|n2|p\n10|PD|n/a|p\n');
     expect(currentJob(jobs)?.jobId).toBe('11');
-    expect(currentJob(parseSqueue('9|CA|n1\n12|CD|n1\n'))?.jobId).toBe('12');
+    expect(currentJob(parseSqueue('9|CA|n1|p\n12|CD|n1|p\n'))?.jobId).toBe('12');
     expect(currentJob([])).toBeUndefined();
   });
 
-  it('quotes the user and job name', () => {
-    expect(squeueCommand('hpc', "a'b")).toContain(`--name='a'\\''b'`);
+  it('asks for several names in one command, quoted, and refuses names squeue would split', () => {
+    expect(squeueCommand('hpc', ["a'b"])).toContain(`--name='a'\\''b'`);
+    expect(squeueCommand('hpc', ['u1', 'u2', 'u3'])).toContain(' --name=u1,u2,u3 ');
+    expect(squeueCommand('hpc', ['u1'])).toContain(`--format='%i|%t|%B|%j'`);
+    expect(() => squeueCommand('hpc', ['a,b'])).toThrow(/bad job name "a,b"/);
+    expect(() => squeueCommand('hpc', [])).toThrow(/no job name/);
   });
 });
