@@ -320,6 +320,17 @@ async function inWaves(list: readonly string[]): Promise<void> {
   }
 }
 
+/**
+ * Job-information RPCs slurmctld has answered (sdiag: REQUEST_JOB_INFO*, REQUEST_JOB_USER_INFO): what the
+ * shadows' job lookups cost the site's controller while they are established.
+ */
+async function slurmJobRpcs(): Promise<number> {
+  const { stdout } = await execFileAsync('sdiag').catch(() => ({ stdout: '' }));
+  let count = 0;
+  for (const m of stdout.matchAll(/^\s*REQUEST_JOB_(?:USER_)?INFO\S*\s+\(\s*\d+\)\s+count:(\d+)/gm)) count += Number(m[1]);
+  return count;
+}
+
 /** Proportional set size (KiB) of the node sshd's children: the carriers' sshd sessions and their shells. */
 function carrierPssKiB(): number {
   let kib = 0;
@@ -344,7 +355,9 @@ await sleep(3_000);
 const before = heapNow();
 const memBefore = memAvailable();
 const pssBefore = carrierPssKiB();
+const rpcsBefore = await slurmJobRpcs();
 await inWaves(mainUids);
+const rpcsAfter = await slurmJobRpcs();
 say(`shadows(${MODE}): idling ${IDLE_MS} ms`);
 await sleep(IDLE_MS);
 const after = heapNow();
@@ -376,6 +389,8 @@ const result = {
   rssPerShadowKiB: (after.rss - before.rss) / 1024 / Math.max(1, N),
   machineMemPerShadowMiB: (memBefore - memAfter) / 1024 / 1024 / Math.max(1, N),
   nodeCarrierPssPerShadowKiB: (pssAfter - pssBefore) / Math.max(1, N),
+  /** While the N shadows were established (each looks its job up at least once). */
+  slurmJobRpcs: rpcsAfter - rpcsBefore,
   loginConnections: access.pool.size,
   seconds: (Date.now() - started) / 1000,
 };

@@ -435,6 +435,7 @@ try {
             '+5 s',
             'external KiB',
             'node carrier PSS KiB',
+            'slurmctld job RPCs',
             'vs aim',
           ],
           ...shadowResults.map((r) => {
@@ -449,11 +450,12 @@ try {
               fmt(Number(x.heapPerShadowLaterKiB), 1),
               fmt(Number(x.externalPerShadowKiB), 1),
               fmt(Number(x.nodeCarrierPssPerShadowKiB)),
+              String(x.slurmJobRpcs ?? ''),
               `${fmt((Number(x.heapPerShadowKiB) / AIM_HEAP_KIB) * 100)} %`,
             ];
           }),
         ],
-        [false, true, true, true, true, true, true, true, true, true],
+        [false, true, true, true, true, true, true, true, true, true, true],
       ),
     );
   }

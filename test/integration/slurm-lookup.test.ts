@@ -53,7 +53,7 @@ describe('Slurm job lookup through the login node', () => {
 
   it('a lost login connection fails every lookup of its batch, and later lookups fail at once (none hangs)', async () => {
     const user = h.config.Network.SSH.User;
-    const closed = new Promise((resolve) => login.client.once('close', resolve));
+    const closed = new Promise<void>((resolve) => login.client.once('close', () => resolve()));
     login.client.end();
     await closed;
     const results = await Promise.allSettled([uid(), uid(), uid()].map((name) => findPodJob(login.client, user, name)));
