@@ -49,7 +49,10 @@ export async function reap(deps: FleetDeps): Promise<number> {
       const lease = await deps.leases.get(uid);
       const job = await deps.queues.sessions.getJob(jobIds.session(uid, context.generation));
       const jobState = job ? await job.getState() : 'missing';
-      const leaseGone = !lease || lease.expiresAt + LEASE_GRACE_MS < now;
+      // A lease that is missing altogether counts from the pod's last change: a session that ended on its
+      // own (sockets vanished, job ended) releases its lease just after queueing its report, and that
+      // report, not a CARRIER_LOST sent in between, must decide what happens to the pod.
+      const leaseGone = lease ? lease.expiresAt + LEASE_GRACE_MS < now : record.updatedAt + LEASE_GRACE_MS < now;
       if (leaseGone && jobState !== 'active' && jobState !== 'waiting' && jobState !== 'delayed') {
         await sendEvent(deps.queues, uid, {
           type: 'CARRIER_LOST',

@@ -1,0 +1,87 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { silentLogger } from '../../src/log.js';
+import type { PodEvent } from '../../src/machines/pod-machine.js';
+import { parseSiteConfig } from '../../src/spec/site-config.js';
+import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
+import { applyPodEvent } from '../../src/workers/pod-events.js';
+import { reap } from '../../src/workers/reaper.js';
+import { privateRedis } from '../fixtures/fleet-harness.js';
+
+/** The reaper's repair of a shadow that has no session host, against real Redis and BullMQ. */
+const DB = 5;
+const config = parseSiteConfig({
+  Network: {
+    SSH: {
+      LoginHost: '127.0.0.1',
+      Port: 22,
+      User: 'bhjob',
+      KeyFile: '/nonexistent/reaper-test-key',
+      InsecureAcceptAnyHostKey: true,
+      Reverse: { Enabled: true },
+    },
+  },
+  Backhaul: { Redis: { URL: `redis://127.0.0.1:6379/${DB}` } },
+});
+
+let redis: Awaited<ReturnType<typeof privateRedis>>;
+let deps: FleetDeps;
+let n = 0;
+const uid = () => `rp${process.pid.toString(16)}-0000-4000-8000-${(n++).toString(16).padStart(12, '0')}`;
+
+beforeAll(async () => {
+  redis = await privateRedis(DB);
+  deps = fleetDeps(config, redis.redis, silentLogger(), { keyPrefix: 'rp:', bullPrefix: 'rp' });
+});
+afterAll(async () => {
+  await deps?.queues.close();
+  await redis?.close();
+});
+
+/** An active pod with neither lease nor session job: its session ended, or its host vanished. */
+async function activePod(): Promise<string> {
+  const podUid = uid();
+  const at = Date.now();
+  const events: PodEvent[] = [
+    {
+      type: 'POD_UPSERT',
+      namespace: 'user',
+      name: podUid.slice(0, 12),
+      annotations: { 'interlink.eu/reverse-forwards': '15400:minio.user.svc.cluster.local:9000' },
+      at,
+    },
+    { type: 'STEP_DONE', step: 'validate', generation: 0, at },
+    { type: 'STEP_DONE', step: 'render', generation: 0, at },
+    { type: 'SHADOW_UP', host: 'gone-host', generation: 1, at },
+    { type: 'BATCH_HOST', batchHost: 'n1', jobId: '7', generation: 1, at },
+    { type: 'CARRIER_OPEN', generation: 1, at },
+    { type: 'FORWARDS_READY', generation: 1, at },
+  ];
+  for (const event of events) await applyPodEvent(deps, podUid, event);
+  expect((await deps.store.load(podUid))?.state).toBe('active');
+  return podUid;
+}
+
+async function carrierLostFor(podUid: string): Promise<string[]> {
+  const jobs = await deps.queues.events.getJobs(['waiting', 'delayed', 'prioritized'], 0, -1);
+  return jobs.filter((j) => j.data.uid === podUid && j.data.event.type === 'CARRIER_LOST').map((j) => j.name);
+}
+
+describe('reaper: a shadow without a session host', () => {
+  it('a missing lease counts from the pod’s last change: no CARRIER_LOST at once, one after the grace', async () => {
+    const podUid = await activePod();
+    await reap(deps);
+    // The session's own report (sent just before it released its lease) must decide, not the reaper.
+    expect(await carrierLostFor(podUid)).toEqual([]);
+    await reap({ ...deps, now: () => Date.now() + 25_000 });
+    expect(await carrierLostFor(podUid)).toEqual(['CARRIER_LOST']);
+  });
+
+  it('a live lease keeps it; an expired one past the grace does not', async () => {
+    const podUid = await activePod();
+    expect((await deps.leases.acquire(podUid, 'live-host', 1, 60_000)).ok).toBe(true);
+    await reap({ ...deps, now: () => Date.now() + 25_000 });
+    expect(await carrierLostFor(podUid)).toEqual([]);
+    await reap({ ...deps, now: () => Date.now() + 85_000 });
+    expect(await carrierLostFor(podUid)).toEqual(['CARRIER_LOST']);
+  });
+});
