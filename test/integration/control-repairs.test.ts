@@ -2,12 +2,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/log.js';
 import type { PodEvent } from '../../src/machines/pod-machine.js';
 import { parseSiteConfig } from '../../src/spec/site-config.js';
+import { forgetPod } from '../../src/workers/effects.js';
 import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
 import { applyPodEvent } from '../../src/workers/pod-events.js';
 import { reap } from '../../src/workers/reaper.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
 
-/** The reaper's repair of a shadow that has no session host, against real Redis and BullMQ. */
+/** Repairs and guards of the control plane against real Redis and BullMQ: the reaper, stale events. */
 const DB = 5;
 const config = parseSiteConfig({
   Network: {
@@ -83,5 +84,33 @@ describe('reaper: a shadow without a session host', () => {
     expect(await carrierLostFor(podUid)).toEqual([]);
     await reap({ ...deps, now: () => Date.now() + 85_000 });
     expect(await carrierLostFor(podUid)).toEqual(['CARRIER_LOST']);
+  });
+});
+
+describe('events that arrive after their pod is gone', () => {
+  it('a POD_UPSERT older than the pod’s end starts no machine; one sent after it (a resubmission) does', async () => {
+    const podUid = await activePod();
+    const upsertAt = Date.now();
+    const t = upsertAt + 10;
+    await applyPodEvent(deps, podUid, { type: 'TEARDOWN', reason: 'test', at: t });
+    const done = await applyPodEvent(deps, podUid, { type: 'STEP_DONE', step: 'teardown', generation: 1, at: t + 1 });
+    expect(done).toMatchObject({ kind: 'applied', to: 'done' });
+    await forgetPod(deps, podUid, 1);
+    expect(await deps.store.load(podUid)).toBeNull();
+
+    const upsert = (at: number): PodEvent => ({
+      type: 'POD_UPSERT',
+      namespace: 'user',
+      name: 'late',
+      annotations: { 'interlink.eu/reverse-forwards': '15400:minio.user.svc.cluster.local:9000' },
+      at,
+    });
+    // Queued by the watcher before the deletion went through, taken after it.
+    expect(await applyPodEvent(deps, podUid, upsert(upsertAt))).toEqual({ kind: 'ignored', state: 'done' });
+    expect(await deps.store.load(podUid)).toBeNull();
+    expect((await deps.store.history(podUid)).at(-1)?.to).toBe('done');
+    // The same pod submitted again later is a new life.
+    expect(await applyPodEvent(deps, podUid, upsert(t + 5_000))).toMatchObject({ kind: 'applied', to: 'validating' });
+    await deps.store.remove(podUid, 1);
   });
 });
