@@ -6,6 +6,7 @@
 -- KEYS[3] name index         <prefix>pods:by-name  hash: "<namespace>/<name>" -> uid
 -- KEYS[4] history            <prefix>hist:<uid>    stream, capped
 -- KEYS[5] deadline index     <prefix>deadlines     sorted set: uid scored by its deadline (ms)
+-- KEYS[6] outbox index       <prefix>outbox        sorted set: uid scored by when its effects were written
 -- ARGV[1] uid
 -- ARGV[2] expected gen (as loaded)
 -- ARGV[3] snapshot (JSON)
@@ -14,8 +15,9 @@
 -- ARGV[6] namespace
 -- ARGV[7] name
 -- ARGV[8] deadline (ms) the new state holds, or '' for none
--- ARGV[9] history cap (XADD MAXLEN ~)
--- ARGV[10..] history entry as field, value, … (none: no entry)
+-- ARGV[9] effects the transition asked for (JSON), or '' for none
+-- ARGV[10] history cap (XADD MAXLEN ~)
+-- ARGV[11..] history entry as field, value, … (none: no entry)
 --
 -- Returns {1, new gen} when written, {0, stored gen} on a conflict, {-1, 0} when the pod has no record.
 
@@ -49,7 +51,16 @@ if ARGV[8] == '' then
 else
   redis.call('ZADD', KEYS[5], ARGV[8], ARGV[1])
 end
-if #ARGV > 9 then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', unpack(ARGV, 10))
+-- The effects go into the outbox with the state that asked for them: a worker that dies before running
+-- them leaves them there for another (outbox-claim), instead of losing them.
+if ARGV[9] == '' then
+  redis.call('HDEL', KEYS[1], 'outbox')
+  redis.call('ZREM', KEYS[6], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], 'outbox', ARGV[9])
+  redis.call('ZADD', KEYS[6], now, ARGV[1])
+end
+if #ARGV > 10 then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[10], '*', unpack(ARGV, 11))
 end
 return {1, nextGen}

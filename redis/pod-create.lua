@@ -5,6 +5,7 @@
 -- KEYS[3] name index         <prefix>pods:by-name  hash: "<namespace>/<name>" -> uid
 -- KEYS[4] history            <prefix>hist:<uid>    stream, capped
 -- KEYS[5] deadline index     <prefix>deadlines     sorted set: uid scored by its deadline (ms)
+-- KEYS[6] outbox index       <prefix>outbox        sorted set: uid scored by when its effects were written
 -- ARGV[1] uid
 -- ARGV[2] snapshot (JSON)
 -- ARGV[3] machine version
@@ -12,8 +13,9 @@
 -- ARGV[5] namespace
 -- ARGV[6] name
 -- ARGV[7] deadline (ms) the first state holds, or '' for none
--- ARGV[8] history cap (XADD MAXLEN ~)
--- ARGV[9..] history entry as field, value, field, value … (none: no entry)
+-- ARGV[8] effects the first state asked for (JSON), or '' for none
+-- ARGV[9] history cap (XADD MAXLEN ~)
+-- ARGV[10..] history entry as field, value, field, value … (none: no entry)
 --
 -- Returns 1 when created (gen is 1), 0 when the pod already had a record (nothing written).
 
@@ -32,10 +34,14 @@ redis.call('HSET', KEYS[3], ARGV[5] .. '/' .. ARGV[6], ARGV[1])
 if ARGV[7] ~= '' then
   redis.call('ZADD', KEYS[5], ARGV[7], ARGV[1])
 end
+if ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[1], 'outbox', ARGV[8])
+  redis.call('ZADD', KEYS[6], now, ARGV[1])
+end
 
 -- A history left behind by an earlier record of this uid (it only had a TTL) continues, kept again.
 redis.call('PERSIST', KEYS[4])
-if #ARGV > 8 then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', unpack(ARGV, 9))
+if #ARGV > 9 then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', unpack(ARGV, 10))
 end
 return 1

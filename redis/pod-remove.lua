@@ -6,8 +6,9 @@
 -- KEYS[3] name index         <prefix>pods:by-name
 -- KEYS[4] history            <prefix>hist:<uid>
 -- KEYS[5] deadline index     <prefix>deadlines
--- KEYS[6] lease              <prefix>lease:<uid>
--- KEYS[7] lease index        <prefix>leases
+-- KEYS[6] outbox index       <prefix>outbox
+-- KEYS[7] lease              <prefix>lease:<uid>
+-- KEYS[8] lease index        <prefix>leases
 -- ARGV[1] uid
 -- ARGV[2] history TTL (seconds)
 -- ARGV[3] expected gen, or '' to remove whatever is stored
@@ -28,8 +29,9 @@ if gen then
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
-redis.call('DEL', KEYS[6])
-redis.call('ZREM', KEYS[7], ARGV[1])
+redis.call('ZREM', KEYS[6], ARGV[1])
+redis.call('DEL', KEYS[7])
+redis.call('ZREM', KEYS[8], ARGV[1])
 redis.call('EXPIRE', KEYS[4], ARGV[2])
 if gen then
   return 1

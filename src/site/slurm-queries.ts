@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client } from 'ssh2';
 import { execCapture } from '../ssh/remote-exec.js';
 import { SessionError } from '../ssh/session-error.js';
@@ -6,6 +7,12 @@ import { currentJob, parseSqueue, type SlurmJob, squeueCommand } from './slurm-j
 /** Names per squeue: keeps the command line short (a pod UID is 36 characters). */
 const NAMES_PER_QUERY = 200;
 const QUERY_TIMEOUT_MS = 30_000;
+/**
+ * squeue only reads, so a failed one is asked again after these pauses before the lookups fail (and with
+ * them every shadow waiting on the batch): with 500 shadows starting at once on a loaded login node, 1 in
+ * 40 squeue channels closed without an exit status (bench:control).
+ */
+const RETRY_PAUSES_MS = [250, 1_000];
 
 interface Waiter {
   resolve(job: SlurmJob | undefined): void;
@@ -53,8 +60,7 @@ export class SlurmJobLookup {
     for (let i = 0; i < names.length; i += NAMES_PER_QUERY) {
       const chunk = names.slice(i, i + NAMES_PER_QUERY);
       try {
-        this.queries += 1;
-        const jobs = await this.squeue(chunk);
+        const jobs = await this.squeueWithRetries(chunk);
         for (const name of chunk) {
           const job = currentJob(jobs.filter((j) => j.name === name));
           for (const waiter of batch.get(name) ?? []) waiter.resolve(job);
@@ -65,7 +71,20 @@ export class SlurmJobLookup {
     }
   }
 
+  private async squeueWithRetries(names: readonly string[]): Promise<SlurmJob[]> {
+    for (let attempt = 0; ; attempt += 1) {
+      try {
+        return await this.squeue(names);
+      } catch (err) {
+        const pause = RETRY_PAUSES_MS[attempt];
+        if (pause === undefined) throw err;
+        await sleep(pause);
+      }
+    }
+  }
+
   private async squeue(names: readonly string[]): Promise<SlurmJob[]> {
+    this.queries += 1;
     const result = await execCapture(this.login, squeueCommand(this.user, names), { timeoutMs: QUERY_TIMEOUT_MS });
     if (result.code !== 0) {
       const said = result.stderr.trim().split('\n').slice(-2).join(' | ');

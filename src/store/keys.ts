@@ -27,6 +27,10 @@ export class RedisKeys {
   deadlines(): string {
     return `${this.prefix}deadlines`;
   }
+  /** Sorted set: uids whose last transition's effects have not been run yet, scored by when written (ms). */
+  outbox(): string {
+    return `${this.prefix}outbox`;
+  }
   /** Hash: holder, generation, token, expiresAt. */
   lease(uid: string): string {
     return `${this.prefix}lease:${uid}`;

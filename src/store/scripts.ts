@@ -15,6 +15,8 @@ export const SCRIPT_NAMES = [
   'pod-cas',
   'pod-remove',
   'deadlines-claim',
+  'outbox-claim',
+  'outbox-clear',
   'lease-acquire',
   'lease-renew',
   'lease-release',

@@ -22,6 +22,8 @@ export interface StoredPod {
   updatedAt: number;
   namespace: string;
   name: string;
+  /** Effects written with this gen and not yet cleared (parsed JSON), or null. */
+  outbox: unknown;
 }
 
 /** What a writer stores. */
@@ -35,6 +37,8 @@ export interface PodWrite {
   history?: HistoryEntry | null;
   /** When the deadline the state holds falls due (ms), indexed in the same step; none when absent. */
   deadlineAt?: number | null;
+  /** The effects the transition asked for, kept in the record until cleared (an outbox); none when absent or empty. */
+  effects?: readonly unknown[] | null;
 }
 
 export interface HistoryEntry {
@@ -134,6 +138,7 @@ export class SnapshotStore {
       write.namespace,
       write.name,
       deadlineArg(write),
+      effectsArg(write),
       this.historyMaxLen,
       ...historyFields(write.history),
     ]);
@@ -151,6 +156,7 @@ export class SnapshotStore {
       write.namespace,
       write.name,
       deadlineArg(write),
+      effectsArg(write),
       this.historyMaxLen,
       ...historyFields(write.history),
     ])) as [number, number];
@@ -192,7 +198,7 @@ export class SnapshotStore {
   async remove(uid: string, historyTtlSeconds: number, expectedGen?: number): Promise<RemoveResult> {
     const reply = await script('pod-remove').run(
       this.redis,
-      [...this.podKeys(uid), this.keys.deadlines(), this.keys.lease(uid), this.keys.leases()],
+      [...this.casKeys(uid), this.keys.lease(uid), this.keys.leases()],
       [uid, Math.max(1, Math.ceil(historyTtlSeconds)), expectedGen === undefined ? '' : expectedGen],
     );
     return reply === 1 ? 'removed' : reply === 0 ? 'absent' : 'conflict';
@@ -208,6 +214,17 @@ export class SnapshotStore {
       [this.keys.deadlines()],
       [now, claimMs, limit],
     )) as string[];
+  }
+
+  /** The effects written with gen `gen` have run: clears them unless a later write replaced them. */
+  async clearOutbox(uid: string, gen: number): Promise<boolean> {
+    const reply = await script('outbox-clear').run(this.redis, [this.keys.pod(uid), this.keys.outbox()], [uid, gen]);
+    return reply === 1;
+  }
+
+  /** Claims up to `limit` pods whose effects have waited more than `ageMs` (their writer died); each for `ageMs`. */
+  async claimLeftEffects(ageMs: number, limit = 100): Promise<string[]> {
+    return (await script('outbox-claim').run(this.redis, [this.keys.outbox()], [ageMs, limit])) as string[];
   }
 
   /** Every known pod's uid, least recently updated first. */
@@ -234,7 +251,7 @@ export class SnapshotStore {
   }
 
   private casKeys(uid: string): string[] {
-    return [...this.podKeys(uid), this.keys.deadlines()];
+    return [...this.podKeys(uid), this.keys.deadlines(), this.keys.outbox()];
   }
 }
 
@@ -256,7 +273,21 @@ function parseStored(uid: string, hash: Record<string, string>): StoredPod | nul
     updatedAt: Number(hash.updatedAt ?? 0),
     namespace: hash.namespace ?? '',
     name: hash.name ?? '',
+    outbox: parseJson(hash.outbox),
   };
+}
+
+function parseJson(raw: string | undefined): unknown {
+  if (raw === undefined) return null;
+  try {
+    return JSON.parse(raw);
+  } catch {
+    return null;
+  }
+}
+
+function effectsArg(write: PodWrite): string {
+  return write.effects && write.effects.length > 0 ? JSON.stringify(write.effects) : '';
 }
 
 function deadlineArg(write: PodWrite): string {

@@ -4,6 +4,7 @@ import { type PodAction, type PodEvent, parsePodEvent, type StepName } from '../
 import { DeadlineClock, type DeadlineClockOptions } from './deadline-clock.js';
 import { forgetPod, runEffects } from './effects.js';
 import type { FleetDeps } from './fleet-deps.js';
+import { OutboxSweeper, type OutboxSweeperOptions } from './outbox-sweeper.js';
 import { applyPodEvent } from './pod-events.js';
 import { type EventJobData, QUEUE_NAMES, type StepJobData, sendEvent } from './queues.js';
 import { REAPER_JOB, reap } from './reaper.js';
@@ -22,19 +23,21 @@ export interface ControlWorkerOptions {
   /** Jobs run at once: events (each a load → transition → compare-and-set) and steps. */
   concurrency?: { events: number; steps: number };
   deadlines?: DeadlineClockOptions;
+  outbox?: OutboxSweeperOptions;
 }
 
 type PureStepRequest = Extract<PodAction, { type: 'runStep' }> & { params: { step: StepName } };
 
 /**
  * The control role: applies events to pods' machines (load → transition → compare-and-set → effects),
- * runs the steps those machines ask for, and delivers their deadlines. Stopping finishes the job at hand
+ * runs the steps those machines ask for, delivers their deadlines and runs effects a dead worker left. Stopping finishes the job at hand
  * (BullMQ's close waits).
  */
 export class ControlWorker {
   readonly events: Worker<EventJobData>;
   readonly steps: Worker<StepJobData>;
   readonly deadlines: DeadlineClock;
+  readonly outbox: OutboxSweeper;
 
   constructor(
     private readonly deps: FleetDeps,
@@ -63,6 +66,8 @@ export class ControlWorker {
     });
     this.deadlines = new DeadlineClock(deps, opts.deadlines);
     this.deadlines.start();
+    this.outbox = new OutboxSweeper(deps, opts.outbox);
+    this.outbox.start();
   }
 
   /** Registers the periodic reaper (one schedule for the whole fleet, whichever worker runs it). */
@@ -80,7 +85,7 @@ export class ControlWorker {
   }
 
   async close(): Promise<void> {
-    await this.deadlines.stop();
+    await Promise.all([this.deadlines.stop(), this.outbox.stop()]);
     await Promise.all([this.events.close(), this.steps.close()]);
   }
 
@@ -90,12 +95,15 @@ export class ControlWorker {
     const parsed = parsePodEvent(job.data.event);
     if (!parsed.ok) throw new UnrecoverableError(`pod ${uid}: bad event: ${parsed.message}`);
     const path: string[] = [];
+    /** The gen of the last write whose outbox holds a pure step run here (cleared if its result is ignored). */
+    let pendingPure: number | undefined;
     // Validate and render are pure: their result is applied here, as the next event, instead of
     // queueing a step job that would queue that event (two jobs and a second load saved per step).
     for (let event: PodEvent = parsed.event; ; ) {
       const result = await applyPodEvent(this.deps, uid, event);
       switch (result.kind) {
         case 'ignored':
+          if (pendingPure !== undefined) await this.deps.store.clearOutbox(uid, pendingPure);
           return path.length > 0 ? path.join(', ') : `ignored ${event.type} in ${result.state ?? 'no machine'}`;
         case 'unrestorable':
           // A snapshot of another machine version: `status` shows it; retrying cannot help.
@@ -113,7 +121,10 @@ export class ControlWorker {
           );
           // A finished pod leaves only its history, which expires.
           if (result.to === 'done') await forgetPod(this.deps, uid, result.context.generation);
+          else if (!pure && result.actions.length > 0) await this.deps.store.clearOutbox(uid, result.gen);
           if (!pure) return path.join(', ');
+          // The next write replaces this one's outbox (the pure step's result is that write).
+          pendingPure = result.gen;
           event = pureStepResult(this.deps, result.context, pure.params.step, pure.params.generation);
         }
       }

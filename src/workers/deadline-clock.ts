@@ -1,5 +1,6 @@
 import { restorePod } from '../machines/pod-machine.js';
 import type { FleetDeps } from './fleet-deps.js';
+import { PeriodicTask } from './periodic-task.js';
 import { sendEvent } from './queues.js';
 
 export interface DeadlineClockOptions {
@@ -19,33 +20,23 @@ export interface DeadlineClockOptions {
  * control plane's Redis work for events that almost never fire (docs/PERFORMANCE.md).
  */
 export class DeadlineClock {
-  private timer: NodeJS.Timeout | undefined;
-  private running: Promise<unknown> = Promise.resolve();
-  private readonly everyMs: number;
+  private readonly task: PeriodicTask;
   private readonly claimMs: number;
 
   constructor(
     private readonly deps: FleetDeps,
     opts: DeadlineClockOptions = {},
   ) {
-    this.everyMs = opts.everyMs ?? 500;
     this.claimMs = opts.claimMs ?? 10_000;
+    this.task = new PeriodicTask('deadline clock', opts.everyMs ?? 500, () => this.tick(), deps.log);
   }
 
   start(): void {
-    if (this.timer) return;
-    this.timer = setInterval(() => {
-      this.running = this.running.then(() =>
-        this.tick().catch((err: unknown) => this.deps.log.warn({ err }, 'deadline clock: poll failed')),
-      );
-    }, this.everyMs);
-    this.timer.unref();
+    this.task.start();
   }
 
-  async stop(): Promise<void> {
-    clearInterval(this.timer);
-    this.timer = undefined;
-    await this.running;
+  stop(): Promise<void> {
+    return this.task.stop();
   }
 
   /** One poll: sends the DEADLINE of every pod whose deadline is due; returns how many were sent. */

@@ -14,7 +14,15 @@ import type { HistoryEntry, PodWrite } from '../store/snapshot-store.js';
 import { type FleetDeps, podLimits } from './fleet-deps.js';
 
 export type ApplyResult =
-  | { kind: 'applied'; from: PodStateName | null; to: PodStateName; actions: PodAction[]; context: PodContext }
+  | {
+      kind: 'applied';
+      from: PodStateName | null;
+      to: PodStateName;
+      actions: PodAction[];
+      context: PodContext;
+      /** The record's compare-and-set gen after this write: its outbox is cleared by it once the actions ran. */
+      gen: number;
+    }
   | { kind: 'ignored'; state: string | null }
   | { kind: 'unrestorable'; message: string };
 
@@ -47,7 +55,13 @@ function historyOf(event: PodEvent, from: string, to: string, generation: number
   return { at: event.at, event: event.type, from, to, generation, ...(detail === undefined ? {} : { detail }) };
 }
 
-function writeOf(context: PodContext, persisted: unknown, state: string, history: HistoryEntry): PodWrite {
+function writeOf(
+  context: PodContext,
+  persisted: unknown,
+  state: string,
+  history: HistoryEntry,
+  actions: readonly PodAction[],
+): PodWrite {
   return {
     snapshot: persisted,
     version: MACHINE_VERSION,
@@ -56,6 +70,7 @@ function writeOf(context: PodContext, persisted: unknown, state: string, history
     name: context.name,
     history,
     deadlineAt: context.deadline?.at ?? null,
+    effects: actions,
   };
 }
 
@@ -92,8 +107,14 @@ export async function applyPodEvent(deps: FleetDeps, uid: string, event: PodEven
       const context = start.snapshot.context;
       const to = stateOf(start.snapshot);
       return {
-        write: writeOf(context, persistPod(start.snapshot), to, historyOf(event, '', to, context.generation)),
-        value: { kind: 'applied', from: null, to, actions: start.actions, context },
+        write: writeOf(
+          context,
+          persistPod(start.snapshot),
+          to,
+          historyOf(event, '', to, context.generation),
+          start.actions,
+        ),
+        value: { kind: 'applied', from: null, to, actions: start.actions, context, gen: 0 },
       };
     }
     const restored = restorePod(stored.snapshot);
@@ -107,9 +128,11 @@ export async function applyPodEvent(deps: FleetDeps, uid: string, event: PodEven
         persistPod(step.snapshot),
         step.to,
         historyOf(event, step.from, step.to, context.generation),
+        step.actions,
       ),
-      value: { kind: 'applied', from: step.from, to: step.to, actions: step.actions, context },
+      value: { kind: 'applied', from: step.from, to: step.to, actions: step.actions, context, gen: 0 },
     };
   });
-  return outcome.value;
+  const result = outcome.value;
+  return result.kind === 'applied' ? { ...result, gen: outcome.gen ?? 0 } : result;
 }

@@ -4,7 +4,9 @@ import type { PodEvent } from '../../src/machines/pod-machine.js';
 import { parseSiteConfig } from '../../src/spec/site-config.js';
 import { forgetPod } from '../../src/workers/effects.js';
 import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
+import { OutboxSweeper } from '../../src/workers/outbox-sweeper.js';
 import { applyPodEvent } from '../../src/workers/pod-events.js';
+import { jobIds } from '../../src/workers/queues.js';
 import { reap } from '../../src/workers/reaper.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
 
@@ -112,5 +114,67 @@ describe('events that arrive after their pod is gone', () => {
     // The same pod submitted again later is a new life.
     expect(await applyPodEvent(deps, podUid, upsert(t + 5_000))).toMatchObject({ kind: 'applied', to: 'validating' });
     await deps.store.remove(podUid, 1);
+  });
+});
+
+describe('outbox: effects stored with the state that asked for them', () => {
+  const launchOf = (podUid: string) => jobIds.step(podUid, 'launch', 1);
+
+  /** A pod brought to launchingShadow by applying events only: its launch effect is stored, not run. */
+  async function launching(): Promise<{ podUid: string; gen: number }> {
+    const podUid = uid();
+    const at = Date.now();
+    let last: Awaited<ReturnType<typeof applyPodEvent>> | undefined;
+    for (const event of [
+      {
+        type: 'POD_UPSERT',
+        namespace: 'user',
+        name: podUid.slice(0, 12),
+        annotations: { 'interlink.eu/reverse-forwards': '15400:minio.user.svc.cluster.local:9000' },
+        at,
+      },
+      { type: 'STEP_DONE', step: 'validate', generation: 0, at },
+      { type: 'STEP_DONE', step: 'render', generation: 0, at },
+    ] as PodEvent[])
+      last = await applyPodEvent(deps, podUid, event);
+    if (last?.kind !== 'applied' || last.to !== 'launchingShadow') throw new Error(JSON.stringify(last));
+    return { podUid, gen: last.gen };
+  }
+
+  it('a transition’s effects are in the record with it; clearing by an older gen does nothing', async () => {
+    const { podUid, gen } = await launching();
+    const stored = await deps.store.load(podUid);
+    expect(stored?.gen).toBe(gen);
+    expect(stored?.outbox).toEqual([{ type: 'runStep', params: { step: 'launch', generation: 1, delayMs: 0 } }]);
+    expect(await redis.redis.zscore(deps.keys.outbox(), podUid)).not.toBeNull();
+    expect(await deps.store.clearOutbox(podUid, gen - 1)).toBe(false);
+    expect(await deps.store.clearOutbox(podUid, gen)).toBe(true);
+    expect((await deps.store.load(podUid))?.outbox).toBeNull();
+    expect(await redis.redis.zscore(deps.keys.outbox(), podUid)).toBeNull();
+    // A transition without effects leaves no outbox.
+    const up = await applyPodEvent(deps, podUid, { type: 'SHADOW_UP', host: 'h', generation: 1, at: Date.now() });
+    expect(up).toMatchObject({ kind: 'applied', actions: [] });
+    expect((await deps.store.load(podUid))?.outbox).toBeNull();
+    await deps.store.remove(podUid, 1);
+  });
+
+  it('effects a dead worker left are run by one of two sweepers once they are old enough, then cleared', async () => {
+    const { podUid } = await launching();
+    // The worker "died" here: the state is stored, its launch step was never queued.
+    expect(await deps.queues.steps.getJob(launchOf(podUid))).toBeUndefined();
+    const a = new OutboxSweeper(deps, { ageMs: 300 });
+    const b = new OutboxSweeper(deps, { ageMs: 300 });
+    expect(await a.sweep()).toBe(0); // too fresh: its writer may still be running them
+    await new Promise((r) => setTimeout(r, 400));
+    expect((await Promise.all([a.sweep(), b.sweep()])).sort()).toEqual([0, 1]);
+    const job = await deps.queues.steps.getJob(launchOf(podUid));
+    expect(job?.data).toEqual({ uid: podUid, step: 'launch', generation: 1 });
+    expect((await deps.store.load(podUid))?.outbox).toBeNull();
+    expect(await redis.redis.zscore(deps.keys.outbox(), podUid)).toBeNull();
+    await new Promise((r) => setTimeout(r, 400));
+    expect(await a.sweep()).toBe(0);
+    await job?.remove();
+    await deps.store.remove(podUid, 1);
+    expect(await redis.redis.zscore(deps.keys.outbox(), podUid)).toBeNull();
   });
 });

@@ -164,6 +164,14 @@ describe('the control worker delivers deadlines and reports steps that used up t
       expect(d.at).toBeLessThan(due + 1_000);
     }
     expect(await redis.redis.zscore(deps.keys.deadlines(), podUid)).toBeNull();
+    // The worker ran the effects of every transition and cleared them from the record itself (within a
+    // second, where the outbox sweep would only take them after 5 s).
+    const cleared = Date.now() + 1_000;
+    while ((await redis.redis.zscore(deps.keys.outbox(), podUid)) !== null && Date.now() < cleared) {
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(await redis.redis.zscore(deps.keys.outbox(), podUid)).toBeNull();
+    expect((await deps.store.load(podUid))?.outbox).toBeNull();
     await sendEvent(deps.queues, podUid, { type: 'TEARDOWN', reason: 'test', at: Date.now() });
     await waitForPodState({ deps }, podUid, null, 30_000);
   }, 60_000);

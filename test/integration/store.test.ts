@@ -87,8 +87,8 @@ describe('Redis connections and scripts', () => {
       expect(lua.numberOfKeys).toBeGreaterThan(0);
       expect(lua.source).toMatch(/^-- ARGV\[1\]/m);
     }
-    expect(script('pod-cas').numberOfKeys).toBe(5);
-    expect(script('pod-remove').numberOfKeys).toBe(7);
+    expect(script('pod-cas').numberOfKeys).toBe(6);
+    expect(script('pod-remove').numberOfKeys).toBe(8);
     expect(script('lease-acquire').numberOfKeys).toBe(3);
   });
 

@@ -1,0 +1,72 @@
+import { z } from 'zod';
+import { type PodAction, STEPS } from '../machines/pod-machine.js';
+import { runEffects } from './effects.js';
+import type { FleetDeps } from './fleet-deps.js';
+import { PeriodicTask } from './periodic-task.js';
+
+export interface OutboxSweeperOptions {
+  /** How often the outbox is looked at. */
+  everyMs?: number;
+  /** Effects not cleared this long after they were written were left by a worker that died. */
+  ageMs?: number;
+}
+
+const generation = z.number().int().nonnegative();
+const storedActions = z.array(
+  z.discriminatedUnion('type', [
+    z.object({
+      type: z.literal('runStep'),
+      params: z.object({ step: z.enum(STEPS), generation, delayMs: z.number().int().nonnegative().optional() }),
+    }),
+    z.object({ type: z.literal('stopShadow'), params: z.object({ generation, reason: z.string() }) }),
+  ]),
+);
+
+/**
+ * Runs the effects a control worker stored with a state but did not live to run. Every transition
+ * writes its effects into the pod's record in the same compare-and-set as the state (an outbox), and the
+ * worker clears them once they ran; a worker killed in between leaves them, and the event that caused
+ * them, retried, is no transition any more. This sweep claims such records (redis/outbox-claim.lua: one
+ * control worker each) and runs their effects again, which every effect tolerates.
+ */
+export class OutboxSweeper {
+  private readonly task: PeriodicTask;
+  private readonly ageMs: number;
+
+  constructor(
+    private readonly deps: FleetDeps,
+    opts: OutboxSweeperOptions = {},
+  ) {
+    this.ageMs = opts.ageMs ?? 5_000;
+    this.task = new PeriodicTask('outbox sweep', opts.everyMs ?? 1_000, () => this.sweep(), deps.log);
+  }
+
+  start(): void {
+    this.task.start();
+  }
+
+  stop(): Promise<void> {
+    return this.task.stop();
+  }
+
+  /** One sweep: runs the left effects of every claimed pod; returns how many pods had some. */
+  async sweep(): Promise<number> {
+    const uids = await this.deps.store.claimLeftEffects(this.ageMs);
+    if (uids.length === 0) return 0;
+    let ran = 0;
+    for (const record of await this.deps.store.loadMany(uids)) {
+      if (!record || record.outbox === null) continue;
+      const parsed = storedActions.safeParse(record.outbox);
+      if (!parsed.success) {
+        // Written by another version of backhaul: the reaper repairs from the state instead.
+        this.deps.log.warn({ uid: record.uid }, 'outbox: effects in an unknown form, dropped');
+      } else {
+        this.deps.log.info({ uid: record.uid, effects: parsed.data.length }, 'outbox: running effects left behind');
+        await runEffects(this.deps, record.uid, parsed.data as PodAction[]);
+        ran += 1;
+      }
+      await this.deps.store.clearOutbox(record.uid, record.gen);
+    }
+    return ran;
+  }
+}
