@@ -327,7 +327,8 @@ async function inWaves(list: readonly string[]): Promise<void> {
 async function slurmJobRpcs(): Promise<number> {
   const { stdout } = await execFileAsync('sdiag').catch(() => ({ stdout: '' }));
   let count = 0;
-  for (const m of stdout.matchAll(/^\s*REQUEST_JOB_(?:USER_)?INFO\S*\s+\(\s*\d+\)\s+count:(\d+)/gm)) count += Number(m[1]);
+  for (const m of stdout.matchAll(/^\s*REQUEST_JOB_(?:USER_)?INFO\S*\s+\(\s*\d+\)\s+count:(\d+)/gm))
+    count += Number(m[1]);
   return count;
 }
 
