@@ -47,8 +47,8 @@ export const TRANSITIONS_PER_POD = 9;
 /** How the control workers are run. */
 export type WorkerSpec =
   | { kind: 'cli' }
-  /** bench/control-worker-variant.ts with these arguments (see there). */
-  | { kind: 'variant'; label: string; args: string[] };
+  /** bench/control-worker-variant.ts with these arguments (see there), of this checkout or of `root`. */
+  | { kind: 'variant'; label: string; args: string[]; root?: string };
 
 export function describeSpec(spec: WorkerSpec): string {
   if (spec.kind === 'cli') return 'backhaul worker --roles control';
@@ -116,7 +116,7 @@ export async function startWorkers(opts: StartWorkersOptions): Promise<Child[]> 
             ...nodeFlags,
             '--import',
             'tsx',
-            join(ROOT, 'bench', 'control-worker-variant.ts'),
+            join(opts.spec.root ?? ROOT, 'bench', 'control-worker-variant.ts'),
             '--config',
             opts.configPath,
             '--redis',

@@ -18,7 +18,8 @@
  * Other settings: BENCH_REPEAT (3) runs of each end-to-end configuration (median and best are reported);
  * BENCH_EXP_REPEAT (2) runs of each experiment; BENCH_QUIET (30): seconds to wait, before each run, for the
  * shared machine to be under 35 % busy (it runs anyway after that; the share others used is reported);
- * BENCH_EXPERIMENTS: names of the experiments to run (default all; see EXPERIMENTS);
+ * BENCH_EXPERIMENTS: names of the experiments to run (default all; see EXPERIMENTS); BENCH_COMPARE_ROOT: a
+ * second checkout whose control worker is run as the experiments `compare` and `compare-2` (an A/B);
  * BENCH_JSON: write every figure to this file. Redis database 9 is flushed before and after.
  */
 import { execFile } from 'node:child_process';
@@ -82,6 +83,15 @@ const EXPERIMENTS: Experiment[] = [1, 2].flatMap((workers) => {
     { name: `auto-pipeline${suffix}`, workers, spec: variant('128/64 + ioredis auto-pipelining', '--auto-pipeline') },
   ];
 });
+// BENCH_COMPARE_ROOT: another checkout (e.g. `git worktree add /tmp/base <commit>` with node_modules
+// linked) whose control worker runs beside this one's in the same run: an A/B of two commits.
+const COMPARE_ROOT = process.env.BENCH_COMPARE_ROOT;
+if (COMPARE_ROOT) {
+  for (const workers of [1, 2]) {
+    const spec: WorkerSpec = { kind: 'variant', label: `128/64 of ${COMPARE_ROOT}`, args: [], root: COMPARE_ROOT };
+    EXPERIMENTS.push({ name: workers === 1 ? 'compare' : 'compare-2', workers, spec });
+  }
+}
 const SELECTED = process.env.BENCH_EXPERIMENTS
   ? new Set(process.env.BENCH_EXPERIMENTS.split(',').map((e) => e.trim()))
   : undefined;
