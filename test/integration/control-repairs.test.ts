@@ -1,30 +1,18 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/log.js';
 import type { PodEvent } from '../../src/machines/pod-machine.js';
-import { parseSiteConfig } from '../../src/spec/site-config.js';
 import { forgetPod } from '../../src/workers/effects.js';
 import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
 import { OutboxSweeper } from '../../src/workers/outbox-sweeper.js';
 import { applyPodEvent } from '../../src/workers/pod-events.js';
 import { jobIds } from '../../src/workers/queues.js';
 import { reap } from '../../src/workers/reaper.js';
+import { controlOnlyConfig, drive, eventsUpTo, FORWARDS } from '../fixtures/control-only.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
 
 /** Repairs and guards of the control plane against real Redis and BullMQ: the reaper, stale events. */
 const DB = 5;
-const config = parseSiteConfig({
-  Network: {
-    SSH: {
-      LoginHost: '127.0.0.1',
-      Port: 22,
-      User: 'bhjob',
-      KeyFile: '/nonexistent/reaper-test-key',
-      InsecureAcceptAnyHostKey: true,
-      Reverse: { Enabled: true },
-    },
-  },
-  Backhaul: { Redis: { URL: `redis://127.0.0.1:6379/${DB}` } },
-});
+const config = controlOnlyConfig(DB);
 
 let redis: Awaited<ReturnType<typeof privateRedis>>;
 let deps: FleetDeps;
@@ -43,23 +31,7 @@ afterAll(async () => {
 /** An active pod with neither lease nor session job: its session ended, or its host vanished. */
 async function activePod(): Promise<string> {
   const podUid = uid();
-  const at = Date.now();
-  const events: PodEvent[] = [
-    {
-      type: 'POD_UPSERT',
-      namespace: 'user',
-      name: podUid.slice(0, 12),
-      annotations: { 'interlink.eu/reverse-forwards': '15400:minio.user.svc.cluster.local:9000' },
-      at,
-    },
-    { type: 'STEP_DONE', step: 'validate', generation: 0, at },
-    { type: 'STEP_DONE', step: 'render', generation: 0, at },
-    { type: 'SHADOW_UP', host: 'gone-host', generation: 1, at },
-    { type: 'BATCH_HOST', batchHost: 'n1', jobId: '7', generation: 1, at },
-    { type: 'CARRIER_OPEN', generation: 1, at },
-    { type: 'FORWARDS_READY', generation: 1, at },
-  ];
-  for (const event of events) await applyPodEvent(deps, podUid, event);
+  await drive(deps, podUid, eventsUpTo('active', Date.now(), podUid.slice(0, 12)));
   expect((await deps.store.load(podUid))?.state).toBe('active');
   return podUid;
 }
@@ -104,7 +76,7 @@ describe('events that arrive after their pod is gone', () => {
       type: 'POD_UPSERT',
       namespace: 'user',
       name: 'late',
-      annotations: { 'interlink.eu/reverse-forwards': '15400:minio.user.svc.cluster.local:9000' },
+      annotations: FORWARDS,
       at,
     });
     // Queued by the watcher before the deletion went through, taken after it.
@@ -123,21 +95,8 @@ describe('outbox: effects stored with the state that asked for them', () => {
   /** A pod brought to launchingShadow by applying events only: its launch effect is stored, not run. */
   async function launching(): Promise<{ podUid: string; gen: number }> {
     const podUid = uid();
-    const at = Date.now();
-    let last: Awaited<ReturnType<typeof applyPodEvent>> | undefined;
-    for (const event of [
-      {
-        type: 'POD_UPSERT',
-        namespace: 'user',
-        name: podUid.slice(0, 12),
-        annotations: { 'interlink.eu/reverse-forwards': '15400:minio.user.svc.cluster.local:9000' },
-        at,
-      },
-      { type: 'STEP_DONE', step: 'validate', generation: 0, at },
-      { type: 'STEP_DONE', step: 'render', generation: 0, at },
-    ] as PodEvent[])
-      last = await applyPodEvent(deps, podUid, event);
-    if (last?.kind !== 'applied' || last.to !== 'launchingShadow') throw new Error(JSON.stringify(last));
+    const last = await drive(deps, podUid, eventsUpTo('launchingShadow', Date.now(), podUid.slice(0, 12)));
+    if (last.kind !== 'applied' || last.to !== 'launchingShadow') throw new Error(JSON.stringify(last));
     return { podUid, gen: last.gen };
   }
 

@@ -1,13 +1,12 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/log.js';
-import type { PodEvent } from '../../src/machines/pod-machine.js';
 import { backoffDelay } from '../../src/machines/pod-rules.js';
-import { parseSiteConfig } from '../../src/spec/site-config.js';
 import { ControlWorker } from '../../src/workers/control-worker.js';
 import { DeadlineClock } from '../../src/workers/deadline-clock.js';
 import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
 import { applyPodEvent } from '../../src/workers/pod-events.js';
 import { jobIds, sendEvent } from '../../src/workers/queues.js';
+import { controlOnlyConfig, drive, eventsUpTo, FORWARDS } from '../fixtures/control-only.js';
 import { privateRedis, waitForPodState } from '../fixtures/fleet-harness.js';
 
 /**
@@ -16,21 +15,7 @@ import { privateRedis, waitForPodState } from '../fixtures/fleet-harness.js';
  * the machine. The control role only: no SSH is made (the session host is played by the test).
  */
 const DB = 8;
-const ANNOTATIONS = { 'interlink.eu/reverse-forwards': '15400:minio.user.svc.cluster.local:9000' };
-
-const config = parseSiteConfig({
-  Network: {
-    SSH: {
-      LoginHost: '127.0.0.1',
-      Port: 22,
-      User: 'bhjob',
-      KeyFile: '/nonexistent/deadlines-test-key',
-      InsecureAcceptAnyHostKey: true,
-      Reverse: { Enabled: true },
-    },
-  },
-  Backhaul: { Redis: { URL: `redis://127.0.0.1:6379/${DB}` }, PhaseTimeout: '2s', RetryBackoff: '100ms' },
-});
+const config = controlOnlyConfig(DB, { PhaseTimeout: '2s', RetryBackoff: '100ms' });
 
 let redis: Awaited<ReturnType<typeof privateRedis>>;
 let n = 0;
@@ -42,23 +27,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await redis?.close();
 });
-
-/** Applies events as the control worker would, without running effects; returns the last result. */
-async function drive(deps: FleetDeps, podUid: string, events: PodEvent[]) {
-  let last: Awaited<ReturnType<typeof applyPodEvent>> | undefined;
-  for (const event of events) last = await applyPodEvent(deps, podUid, event);
-  return last;
-}
-
-function upTo(state: 'launchingShadow' | 'waitingBatchHost', at: number): PodEvent[] {
-  const events: PodEvent[] = [
-    { type: 'POD_UPSERT', namespace: 'user', name: 'dl', annotations: ANNOTATIONS, at },
-    { type: 'STEP_DONE', step: 'validate', generation: 0, at },
-    { type: 'STEP_DONE', step: 'render', generation: 0, at },
-  ];
-  if (state === 'waitingBatchHost') events.push({ type: 'SHADOW_UP', host: 'h', generation: 1, at });
-  return events;
-}
 
 describe('deadline index and clock', () => {
   let deps: FleetDeps;
@@ -72,7 +40,7 @@ describe('deadline index and clock', () => {
   it('a due deadline is claimed by one of two clocks, once, and claimed again only after its claim ran out', async () => {
     const podUid = uid();
     const past = Date.now() - 60_000;
-    const result = await drive(deps, podUid, upTo('launchingShadow', past));
+    const result = await drive(deps, podUid, eventsUpTo('launchingShadow', past));
     expect(result).toMatchObject({ kind: 'applied', to: 'launchingShadow' });
     expect(Number(await redis.redis.zscore(deps.keys.deadlines(), podUid))).toBe(past + 2_000);
 
@@ -103,7 +71,7 @@ describe('deadline index and clock', () => {
   it('a deadline withdrawn by a new state is never delivered, and a forgotten pod leaves no entry', async () => {
     const podUid = uid();
     const past = Date.now() - 60_000;
-    await drive(deps, podUid, upTo('waitingBatchHost', past));
+    await drive(deps, podUid, eventsUpTo('waitingBatchHost', past));
     expect(await redis.redis.zscore(deps.keys.deadlines(), podUid)).not.toBeNull();
     // active holds no deadline.
     const active = await drive(deps, podUid, [
@@ -116,7 +84,7 @@ describe('deadline index and clock', () => {
     expect(await new DeadlineClock(deps).tick()).toBe(0);
 
     const other = uid();
-    await drive(deps, other, upTo('launchingShadow', Date.now()));
+    await drive(deps, other, eventsUpTo('launchingShadow', Date.now()));
     expect(await redis.redis.zscore(deps.keys.deadlines(), other)).not.toBeNull();
     await deps.store.remove(other, 1);
     expect(await redis.redis.zscore(deps.keys.deadlines(), other)).toBeNull();
@@ -143,7 +111,7 @@ describe('the control worker delivers deadlines and reports steps that used up t
       type: 'POD_UPSERT',
       namespace: 'user',
       name: 'never-up',
-      annotations: ANNOTATIONS,
+      annotations: FORWARDS,
       at: t0,
     });
     // Nobody takes the session jobs: each launch's 2 s deadline relaunches, RetryLimit launches, then failed.
@@ -182,7 +150,7 @@ describe('the control worker delivers deadlines and reports steps that used up t
       type: 'POD_UPSERT',
       namespace: 'user',
       name: 'bad-lease',
-      annotations: ANNOTATIONS,
+      annotations: FORWARDS,
       at: Date.now(),
     });
     await waitForPodState({ deps }, podUid, 'launchingShadow', 10_000);
