@@ -15,6 +15,8 @@ export interface PodStatus {
   jobId: string | null;
   batchHost: string | null;
   lastError: { kind: string; message: string; at: number } | null;
+  /** The deadline the current state holds (DEADLINE is sent when it falls due). */
+  deadline: { name: string; at: number } | null;
   /** When the pod entered its current state (ms), from the history. */
   since: number | null;
   /** Set when the stored snapshot cannot be read by this build (e.g. another machine version). */
@@ -24,6 +26,8 @@ export interface PodStatus {
 
 export interface PodDetail extends PodStatus {
   lease: { holder: string; generation: number; expiresAt: number } | null;
+  /** Effects of the last transition not run yet (the outbox), and since when (ms); null when none. */
+  pendingEffects: { effects: unknown; since: number } | null;
   steps: { id: string; name: string; state: string; attempts: number; failedReason?: string }[];
 }
 
@@ -47,6 +51,7 @@ function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
       jobId: null,
       batchHost: null,
       lastError: null,
+      deadline: null,
       snapshotError: restored.error.message,
     };
   }
@@ -60,6 +65,7 @@ function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
     jobId: c.jobId,
     batchHost: c.batchHost,
     lastError: c.lastError,
+    deadline: c.deadline ? { name: c.deadline.name, at: c.deadline.at } : null,
     snapshotError: null,
   };
 }
@@ -80,6 +86,7 @@ export async function podDetail(deps: FleetDeps, uid: string): Promise<PodDetail
   if (!stored) return null;
   const status = statusOf(stored, await deps.store.history(uid));
   const lease = await deps.leases.get(uid);
+  const effectsSince = stored.outbox === null ? null : await deps.redis.zscore(deps.keys.outbox(), uid);
   const steps: PodDetail['steps'] = [];
   const generation = status.generation ?? 0;
   // validate and render run at generation 0 (and again at the current one after a RETRY).
@@ -113,6 +120,10 @@ export async function podDetail(deps: FleetDeps, uid: string): Promise<PodDetail
   return {
     ...status,
     lease: lease ? { holder: lease.holder, generation: lease.generation, expiresAt: lease.expiresAt } : null,
+    pendingEffects:
+      stored.outbox === null
+        ? null
+        : { effects: stored.outbox, since: effectsSince === null ? 0 : Number(effectsSince) },
     steps,
   };
 }

@@ -16,6 +16,20 @@ export function formatTable(header: string[], rows: string[][]): string {
   return `${all.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i] ?? 0))).join('  ')).join('\n')}\n`;
 }
 
+/** `runStep launch (generation 1), stopShadow (generation 0)`: the outbox as an operator reads it. */
+function describeEffects(effects: unknown): string {
+  if (!Array.isArray(effects)) return 'unreadable';
+  return effects
+    .map((e: { type?: unknown; params?: { step?: unknown; generation?: unknown } }) =>
+      [
+        String(e?.type),
+        e?.params?.step === undefined ? '' : ` ${String(e.params.step)}`,
+        ` (generation ${String(e?.params?.generation)})`,
+      ].join(''),
+    )
+    .join(', ');
+}
+
 export function formatDetail(p: PodDetail): string {
   const now = Date.now();
   const lines = [
@@ -29,6 +43,8 @@ export function formatDetail(p: PodDetail): string {
     `job         ${p.jobId ? `${p.jobId} on ${p.batchHost ?? '?'}` : '-'}`,
     `host        ${p.host ?? '-'}`,
     `lease       ${p.lease ? `${p.lease.holder}, generation ${p.lease.generation}, expires in ${formatAge(p.lease.expiresAt - now)}` : '-'}`,
+    `deadline    ${p.deadline ? `${p.deadline.name} ${p.deadline.at >= now ? `in ${formatAge(p.deadline.at - now)}` : `due ${formatAge(now - p.deadline.at)} ago`}` : '-'}`,
+    `effects     ${p.pendingEffects ? `${describeEffects(p.pendingEffects.effects)}, not run for ${formatAge(now - p.pendingEffects.since)}` : '-'}`,
     `last error  ${p.lastError ? `${p.lastError.kind}: ${p.lastError.message}` : '-'}`,
     '',
     'jobs',

@@ -1,4 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { podDetail } from '../../src/cli/pod-status.js';
+import { formatDetail } from '../../src/cli/status-format.js';
 import { silentLogger } from '../../src/log.js';
 import type { PodEvent } from '../../src/machines/pod-machine.js';
 import { forgetPod } from '../../src/workers/effects.js';
@@ -106,8 +108,16 @@ describe('outbox: effects stored with the state that asked for them', () => {
     expect(stored?.gen).toBe(gen);
     expect(stored?.outbox).toEqual([{ type: 'runStep', params: { step: 'launch', generation: 1, delayMs: 0 } }]);
     expect(await redis.redis.zscore(deps.keys.outbox(), podUid)).not.toBeNull();
+    // `status POD` shows what the pod waits for: its deadline and the effects not run yet.
+    const detail = await podDetail(deps, podUid);
+    expect(detail?.deadline).toEqual({ name: 'launchingShadow', at: expect.any(Number) });
+    expect(detail?.pendingEffects?.since).toBeGreaterThan(Date.now() - 60_000);
+    const text = formatDetail(detail as NonNullable<typeof detail>);
+    expect(text).toMatch(/\ndeadline {4}launchingShadow in \d+[smh]\n/);
+    expect(text).toMatch(/\neffects {5}runStep launch \(generation 1\), not run for \d+[smh]\n/);
     expect(await deps.store.clearOutbox(podUid, gen - 1)).toBe(false);
     expect(await deps.store.clearOutbox(podUid, gen)).toBe(true);
+    expect(formatDetail((await podDetail(deps, podUid)) as NonNullable<typeof detail>)).toContain('\neffects     -\n');
     expect((await deps.store.load(podUid))?.outbox).toBeNull();
     expect(await redis.redis.zscore(deps.keys.outbox(), podUid)).toBeNull();
     // A transition without effects leaves no outbox.
