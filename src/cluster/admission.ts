@@ -1,6 +1,6 @@
 import { hasPrelude, renderPrelude, stripPrelude } from '../render/prelude.js';
 import { annotationPatch, preExecWithPrelude } from '../render/webhook-patch.js';
-import { ANNOTATION } from '../spec/annotations.js';
+import { ANNOTATION, REVERSE_ANNOTATIONS } from '../spec/annotations.js';
 import { hasReverseAnnotations, parseReverseRequest, type ReverseRequest } from '../spec/reverse-request.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { isSpecError, SpecError } from '../spec/spec-error.js';
@@ -14,6 +14,10 @@ import { isSpecError, SpecError } from '../spec/spec-error.js';
  *   would be accepted. SOCKS, when the site allows it, is admitted with a warning.
  * - `validate`: the same checks on the pod as it will be stored, plus: a pod with forwards must carry the
  *   prelude (otherwise the mutating webhook did not run for it and its job would never start the relay).
+ *
+ * - `validate` on UPDATE: the reverse annotations and the pre-exec cannot change once the pod exists: the
+ *   job's prelude was rendered from them (the virtual kubelet submits it at creation), so a new value
+ *   would describe forwards the job's relay does not serve.
  *
  * Pods without reverse annotations, other kinds and other operations are allowed untouched.
  */
@@ -51,6 +55,7 @@ interface ReviewRequest {
   namespace?: string;
   operation?: string;
   object?: unknown;
+  oldObject?: unknown;
 }
 
 interface PodObject {
@@ -89,6 +94,38 @@ export function socksWarning(request: ReverseRequest): string | undefined {
   return `${ANNOTATION.socksPort} ${request.socksPort}: SOCKS listens on 127.0.0.1 of the compute node, open to every user there`;
 }
 
+/** The annotations a pod's job was rendered from: fixed once the pod exists. */
+const FROZEN_ANNOTATIONS = [...REVERSE_ANNOTATIONS, ANNOTATION.preExec] as const;
+
+function validateUpdate(
+  request: ReviewRequest,
+  respond: (response: Omit<AdmissionResponse, 'uid'>) => AdmissionReviewResponse,
+): AdmissionReviewResponse {
+  try {
+    const before = annotationsOf((request.oldObject ?? {}) as PodObject) ?? {};
+    const after = annotationsOf((request.object ?? {}) as PodObject) ?? {};
+    // Only pods that use backhaul (before or after) are backhaul's business.
+    if (!hasReverseAnnotations(before) && !hasReverseAnnotations(after)) return respond({ allowed: true });
+    for (const key of FROZEN_ANNOTATIONS) {
+      if (before[key] === after[key]) continue;
+      throw new SpecError(
+        key,
+        `cannot change once the pod exists (from ${describe(before[key])} to ${describe(after[key])}): its job's prelude was rendered from it`,
+        { accepted: 'the value the pod was created with; to change the forwards, delete the pod and create it again' },
+      );
+    }
+    return respond({ allowed: true });
+  } catch (err) {
+    if (!isSpecError(err)) throw err;
+    return respond({ allowed: false, status: { code: 403, reason: 'Forbidden', message: err.message } });
+  }
+}
+
+function describe(value: string | undefined): string {
+  if (value === undefined) return 'unset';
+  return value.length > 60 ? `${JSON.stringify(value.slice(0, 57))}…` : JSON.stringify(value);
+}
+
 /** Answers one AdmissionReview. Throws BadReviewError for a document that is not one. */
 export function admit(review: unknown, mode: AdmissionMode, config: SiteConfig): AdmissionReviewResponse {
   const request = requestOf(review);
@@ -102,7 +139,10 @@ export function admit(review: unknown, mode: AdmissionMode, config: SiteConfig):
     (request.kind?.group ?? '') === '' &&
     (request.resource?.resource ?? 'pods') === 'pods' &&
     !request.subResource;
-  if (!isPod || (request.operation ?? 'CREATE') !== 'CREATE') return respond({ allowed: true });
+  const operation = request.operation ?? 'CREATE';
+  if (!isPod) return respond({ allowed: true });
+  if (operation === 'UPDATE' && mode === 'validate') return validateUpdate(request, respond);
+  if (operation !== 'CREATE') return respond({ allowed: true });
   const pod = (request.object ?? {}) as PodObject;
   try {
     const annotations = annotationsOf(pod);

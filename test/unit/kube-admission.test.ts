@@ -66,9 +66,10 @@ describe('admission: the answer document', () => {
     }
   });
 
-  it('leaves other operations and other kinds alone', () => {
+  it('leaves other operations and other kinds alone (mutation never touches an UPDATE)', () => {
     const update = podReview({ [FWD]: 'bad entry' }, { operation: 'UPDATE' });
-    expect(admit(update, 'mutate', SITE).response.allowed).toBe(true);
+    expect(admit(update, 'mutate', SITE).response).toEqual({ uid: expect.any(String), allowed: true });
+    expect(admit(podReview({ [FWD]: MINIO }, { operation: 'DELETE' }), 'validate', SITE).response.allowed).toBe(true);
     const binding = podReview({ [FWD]: 'bad entry' });
     (binding.request as Record<string, unknown>).subResource = 'binding';
     expect(admit(binding, 'mutate', SITE).response.allowed).toBe(true);
@@ -239,5 +240,51 @@ describe('admission: validation of the stored pod', () => {
   it('validates with the same rules as the mutation', () => {
     const message = refusal({ [FWD]: 'minio:9000/udp', [PRE]: prelude(MINIO) }, SITE, 'validate');
     expect(message).toContain('TCP only');
+  });
+});
+
+describe('admission: updates of a pod that exists', () => {
+  /** An UPDATE review: the pod as stored (`before`) and as it would be (`after`). */
+  function update(before: Record<string, string> | undefined, after: Record<string, string> | undefined) {
+    const review = podReview(after, { operation: 'UPDATE' });
+    const old = podReview(before).request.object;
+    (review.request as Record<string, unknown>).oldObject = old;
+    return admit(review, 'validate', SITE).response;
+  }
+  const created = { [FWD]: MINIO, [PRE]: preExecWithPrelude(undefined, prelude(MINIO)) };
+
+  it('allows updates that keep the reverse annotations and the prelude (labels, other annotations)', () => {
+    expect(update(created, { ...created, 'example.org/owner': 'alice' }).allowed).toBe(true);
+    expect(update(created, created).allowed).toBe(true);
+    // Pods that never used backhaul are not its business.
+    expect(update({ a: '1' }, { a: '2', [PRE]: 'module load x\n' }).allowed).toBe(true);
+  });
+
+  it.each([
+    [
+      'changing the forwards',
+      created,
+      { ...created, [FWD]: 'redis.user.svc:6379' },
+      FWD,
+      /from "minio.*" to "redis.user.svc:6379"/,
+    ],
+    [
+      'adding SOCKS',
+      created,
+      { ...created, [ANNOTATION.socksPort]: '1080' },
+      ANNOTATION.socksPort,
+      /from unset to "1080"/,
+    ],
+    ['removing the forwards', created, { [PRE]: created[PRE] }, FWD, /to unset/],
+    ['editing the prelude', created, { ...created, [PRE]: 'echo hi\n' }, PRE, /to "echo hi\\n"/],
+    ['adding forwards to a pod created without', { a: '1' }, { a: '1', [FWD]: MINIO }, FWD, /from unset/],
+  ])('refuses %s, naming the annotation and what to do instead', (_what, before, after, key, detail) => {
+    const response = update(before, after);
+    expect(response.allowed).toBe(false);
+    expect(response.status?.code).toBe(403);
+    const message = response.status?.message ?? '';
+    expect(message.startsWith(`${key}: cannot change once the pod exists`)).toBe(true);
+    expect(message).toMatch(detail);
+    expect(message).toContain('delete the pod and create it again');
   });
 });

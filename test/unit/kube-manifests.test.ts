@@ -244,7 +244,7 @@ describe('deploy/: the admission webhook configurations', () => {
   it.each([
     ['mutating', mutating.webhooks?.[0], '/mutate'],
     ['validating', validating.webhooks?.[0], '/validate'],
-  ])('%s: v1 reviews, no side effects, fails closed, bounded timeout, pods on CREATE, opt-in namespaces', (_n, hook, path) => {
+  ])('%s: v1 reviews, no side effects, fails closed, bounded timeout, pods, opt-in namespaces', (_n, hook, path) => {
     expect(hook?.admissionReviewVersions).toEqual(['v1']);
     expect(hook?.sideEffects).toBe('None');
     expect(hook?.failurePolicy).toBe('Fail');
@@ -256,8 +256,10 @@ describe('deploy/: the admission webhook configurations', () => {
       path,
       port: service.spec?.ports?.[0]?.port,
     });
+    // Mutation on CREATE only (the prelude is rendered once); validation also on UPDATE (it stays fixed).
+    const operations = path === '/mutate' ? ['CREATE'] : ['CREATE', 'UPDATE'];
     expect(hook?.rules).toEqual([
-      { operations: ['CREATE'], apiGroups: [''], apiVersions: ['v1'], resources: ['pods'], scope: 'Namespaced' },
+      { operations, apiGroups: [''], apiVersions: ['v1'], resources: ['pods'], scope: 'Namespaced' },
     ]);
     expect(hook?.namespaceSelector?.matchLabels).toEqual({ 'interlink.eu/backhaul': 'enabled' });
     // backhaul's own pods never wait for the webhook.
