@@ -123,13 +123,13 @@ describe('the control worker delivers deadlines and reports steps that used up t
       ...Array.from({ length: limit - 1 }, () => 'launchingShadow→launchingShadow'),
       'launchingShadow→failed',
     ]);
-    // Delivered on time: each within a second of falling due (the clock polls every 100 ms). Each
+    // Delivered on time: each within 2 s of falling due (the clock polls every 100 ms; CI is busy). Each
     // launch's deadline counts from the end of its backoff.
     const launches = history.filter((h) => h.to === 'launchingShadow');
     for (const [i, d] of deadlines.entries()) {
       const due = launches[i]!.at + backoffDelay(i, 100, config.Backhaul.RetryBackoffMax) + 2_000;
       expect(d.at).toBeGreaterThanOrEqual(due);
-      expect(d.at).toBeLessThan(due + 1_000);
+      expect(d.at).toBeLessThan(due + 2_000);
     }
     expect(await redis.redis.zscore(deps.keys.deadlines(), podUid)).toBeNull();
     // The worker ran the effects of every transition and cleared them from the record itself (within a
