@@ -34,8 +34,14 @@ async function run(check: HealthCheck): Promise<boolean> {
  * Plain-HTTP probes for the fleet's pods (`backhaul worker --health-port`): GET /livez answers as long
  * as the event loop runs (a wedged process is restarted); GET /readyz runs the readiness checks (Redis
  * reachable, the pod watcher synced) and answers 503 with the failing ones. /healthz is /readyz.
+ * GET /metrics: Prometheus exposition of the member's metrics (src/metrics/fleet-metrics.ts).
  */
-export async function startHealthServer(port: number, address: string, ready: HealthCheck[]): Promise<HealthServer> {
+export async function startHealthServer(
+  port: number,
+  address: string,
+  ready: HealthCheck[],
+  metrics?: () => Promise<{ contentType: string; body: string }>,
+): Promise<HealthServer> {
   const server: Server = createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0];
     const reply = (status: number, body: unknown) => {
@@ -52,7 +58,17 @@ export async function startHealthServer(port: number, address: string, ready: He
       });
       return;
     }
-    reply(404, { error: 'GET /livez or /readyz' });
+    if (path === '/metrics' && metrics) {
+      void metrics().then(
+        ({ contentType, body }) => {
+          res.writeHead(200, { 'Content-Type': contentType, 'Content-Length': Buffer.byteLength(body) });
+          res.end(body);
+        },
+        (err: unknown) => reply(500, { error: err instanceof Error ? err.message : String(err) }),
+      );
+      return;
+    }
+    reply(404, { error: `GET /livez, /readyz${metrics ? ' or /metrics' : ''}` });
   });
   server.requestTimeout = 10_000;
   await new Promise<void>((resolve, reject) => {

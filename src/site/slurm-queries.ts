@@ -1,5 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client } from 'ssh2';
+import { squeueFailures, squeueQueries } from '../metrics/fleet-metrics.js';
 import { execCapture } from '../ssh/remote-exec.js';
 import { SessionError } from '../ssh/session-error.js';
 import { currentJob, parseSqueue, type SlurmJob, squeueCommand } from './slurm-job.js';
@@ -85,6 +86,7 @@ export class SlurmJobLookup {
 
   private async squeue(names: readonly string[]): Promise<SlurmJob[]> {
     this.queries += 1;
+    squeueQueries.inc();
     const result = await execCapture(this.login, squeueCommand(this.user, names), { timeoutMs: QUERY_TIMEOUT_MS });
     if (result.code !== 0) {
       const said = result.stderr.trim().split('\n').slice(-2).join(' | ');
@@ -94,6 +96,7 @@ export class SlurmJobLookup {
           : result.signal
             ? `killed by ${result.signal}`
             : 'the channel closed without an exit status';
+      squeueFailures.inc();
       throw new SessionError('login-unreachable', `squeue failed on the login node (${how})${said ? `: ${said}` : ''}`);
     }
     return parseSqueue(result.stdout);

@@ -227,6 +227,20 @@ export class SnapshotStore {
     return (await script('outbox-claim').run(this.redis, [this.keys.outbox()], [ageMs, limit])) as string[];
   }
 
+  /** How many pods are in each state (one pipeline over the index: for metrics). */
+  async countByState(): Promise<Record<string, number>> {
+    const uids = await this.list();
+    if (uids.length === 0) return {};
+    const pipeline = this.redis.pipeline();
+    for (const uid of uids) pipeline.hget(this.keys.pod(uid), 'state');
+    const counts: Record<string, number> = {};
+    for (const [err, state] of (await pipeline.exec()) ?? []) {
+      if (err || typeof state !== 'string') continue;
+      counts[state] = (counts[state] ?? 0) + 1;
+    }
+    return counts;
+  }
+
   /** Every known pod's uid, least recently updated first. */
   async list(): Promise<string[]> {
     return this.redis.zrange(this.keys.pods(), '0', '-1');

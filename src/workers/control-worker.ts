@@ -1,6 +1,7 @@
 import { type Job, UnrecoverableError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { type PodAction, type PodEvent, parsePodEvent, type StepName } from '../machines/pod-machine.js';
+import { countPodsWith, exhaustedSteps, ignoredEvents, steps, transitions } from '../metrics/fleet-metrics.js';
 import { DeadlineClock, type DeadlineClockOptions } from './deadline-clock.js';
 import { forgetPod, runEffects } from './effects.js';
 import type { FleetDeps } from './fleet-deps.js';
@@ -68,6 +69,7 @@ export class ControlWorker {
     this.deadlines.start();
     this.outbox = new OutboxSweeper(deps, opts.outbox);
     this.outbox.start();
+    countPodsWith(() => deps.store.countByState());
   }
 
   /** Registers the periodic reaper (one schedule for the whole fleet, whichever worker runs it). */
@@ -85,6 +87,7 @@ export class ControlWorker {
   }
 
   async close(): Promise<void> {
+    countPodsWith(undefined);
     await Promise.all([this.deadlines.stop(), this.outbox.stop()]);
     await Promise.all([this.events.close(), this.steps.close()]);
   }
@@ -103,6 +106,7 @@ export class ControlWorker {
       const result = await applyPodEvent(this.deps, uid, event);
       switch (result.kind) {
         case 'ignored':
+          if (path.length === 0) ignoredEvents.inc({ event: event.type });
           if (pendingPure !== undefined) await this.deps.store.clearOutbox(uid, pendingPure);
           return path.length > 0 ? path.join(', ') : `ignored ${event.type} in ${result.state ?? 'no machine'}`;
         case 'unrestorable':
@@ -110,6 +114,7 @@ export class ControlWorker {
           throw new UnrecoverableError(`pod ${uid}: ${result.message}`);
         case 'applied': {
           path.push(`${result.from ?? 'new'} → ${result.to}`);
+          transitions.inc({ to: result.to, event: event.type });
           this.deps.onTransition?.(uid, result.context, result.from, result.to, event);
           const pure = result.actions.find(
             (a): a is PureStepRequest => a.type === 'runStep' && PURE_STEPS.has(a.params.step) && !a.params.delayMs,
@@ -133,7 +138,14 @@ export class ControlWorker {
 
   private async onStep(job: Job<StepJobData>): Promise<string> {
     const { uid, step, generation } = job.data;
-    return runStep(this.deps, uid, step, generation);
+    try {
+      const outcome = await runStep(this.deps, uid, step, generation);
+      steps.inc({ step, outcome });
+      return outcome;
+    } catch (err) {
+      steps.inc({ step, outcome: 'error' });
+      throw err;
+    }
   }
 
   /**
@@ -144,6 +156,7 @@ export class ControlWorker {
     const attempts = job.opts.attempts ?? 1;
     if (job.attemptsMade < attempts && !(err instanceof UnrecoverableError)) return;
     const { uid, step, generation } = job.data;
+    exhaustedSteps.inc({ step });
     const message = `${step} failed ${job.attemptsMade} time(s): ${err.message}`;
     await sendEvent(this.deps.queues, uid, {
       type: 'STEP_FAILED',

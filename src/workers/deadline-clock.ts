@@ -1,4 +1,5 @@
 import { restorePod } from '../machines/pod-machine.js';
+import { deadlinesSent } from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from './fleet-deps.js';
 import { PeriodicTask } from './periodic-task.js';
 import { sendEvent } from './queues.js';
@@ -58,6 +59,7 @@ export class DeadlineClock {
         generation: deadline.generation,
         at: now,
       });
+      deadlinesSent.inc({ name: deadline.name });
       sent += 1;
     }
     return sent;

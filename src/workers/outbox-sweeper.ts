@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { type PodAction, STEPS } from '../machines/pod-machine.js';
+import { outboxRepairs } from '../metrics/fleet-metrics.js';
 import { runEffects } from './effects.js';
 import type { FleetDeps } from './fleet-deps.js';
 import { PeriodicTask } from './periodic-task.js';
@@ -63,6 +64,7 @@ export class OutboxSweeper {
       } else {
         this.deps.log.info({ uid: record.uid, effects: parsed.data.length }, 'outbox: running effects left behind');
         await runEffects(this.deps, record.uid, parsed.data as PodAction[]);
+        outboxRepairs.inc();
         ran += 1;
       }
       await this.deps.store.clearOutbox(record.uid, record.gen);

@@ -2,6 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { type Job, WaitingError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { PodEvent } from '../machines/pod-machine.js';
+import { sessionEnds, shadowsHeld } from '../metrics/fleet-metrics.js';
 import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
 import { ShadowSession } from '../ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../ssh/site-access.js';
@@ -176,6 +177,7 @@ export class SessionHost {
       },
     });
     this.sessions.set(uid, session);
+    shadowsHeld.inc();
     // Losing the lease (revoked by teardown, taken after an expiry) closes the session at once. A renewal
     // after expiresAt still succeeds while nobody has taken the lease, so a Redis outage does not end it.
     const renew = setInterval(
@@ -191,9 +193,11 @@ export class SessionHost {
     );
     try {
       const end = await session.run();
+      sessionEnds.inc({ end: end.type });
       if (end.type === 'CLOSED' && this.handingOver) return await this.handBack(job, token, fence);
       return end;
     } finally {
+      shadowsHeld.dec();
       clearInterval(renew);
       // After a stall (its job lock ran out, e.g. in a Redis outage) this host may have taken the same
       // job again: that newer session is the pod's now and must stay known (stop() closes what is here).

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/log.js';
 import { backoffDelay } from '../../src/machines/pod-rules.js';
+import { registry } from '../../src/metrics/fleet-metrics.js';
 import { ControlWorker } from '../../src/workers/control-worker.js';
 import { DeadlineClock } from '../../src/workers/deadline-clock.js';
 import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
@@ -140,6 +141,12 @@ describe('the control worker delivers deadlines and reports steps that used up t
     }
     expect(await redis.redis.zscore(deps.keys.outbox(), podUid)).toBeNull();
     expect((await deps.store.load(podUid))?.outbox).toBeNull();
+    // What an operator's Prometheus sees of it.
+    const text = await registry.metrics();
+    const sent = Number(/^backhaul_deadlines_sent_total\{name="launchingShadow"\} (\d+)$/m.exec(text)?.[1]);
+    expect(sent).toBeGreaterThanOrEqual(limit);
+    expect(text).toMatch(/^backhaul_transitions_total\{to="failed",event="DEADLINE"\} 1$/m);
+    expect(text).toMatch(/^backhaul_pods\{state="failed"\} 1$/m);
     await sendEvent(deps.queues, podUid, { type: 'TEARDOWN', reason: 'test', at: Date.now() });
     await waitForPodState({ deps }, podUid, null, 30_000);
   }, 60_000);
@@ -175,6 +182,7 @@ describe('the control worker delivers deadlines and reports steps that used up t
       .lastError;
     expect(lastError.kind).toBe('step-failed');
     expect(lastError.message).toMatch(/^teardown failed 2 time\(s\): .*WRONGTYPE/);
+    expect(await registry.metrics()).toMatch(/^backhaul_steps_exhausted_total\{step="teardown"\} 1$/m);
 
     await redis.redis.del(deps.keys.lease(podUid));
     await sendEvent(deps.queues, podUid, { type: 'RETRY', at: Date.now() });

@@ -359,6 +359,21 @@ describe('the watch role in the fleet', () => {
         await waitFor('/livez', async () => (await probe('/livez'))?.status === 200, 60_000);
         await waitFor('/readyz', async () => (await probe('/readyz'))?.status === 200, 60_000);
         await waitFor('the machine', async () => (await redis.redis.exists(`bh:pod:${uid}`)) === 1, 30_000);
+        // Prometheus metrics on the same port: the pod's transitions, the fleet's pods by state, the process.
+        await waitFor(
+          'the pod in launchingShadow',
+          async () => (await redis.redis.hget(`bh:pod:${uid}`, 'state')) === 'launchingShadow',
+          30_000,
+        );
+        const res = await fetch(`http://127.0.0.1:${port}/metrics`);
+        expect(res.status).toBe(200);
+        expect(res.headers.get('content-type')).toMatch(/^text\/plain; version=0\.0\.4/);
+        const text = await res.text();
+        expect(text).toContain('# HELP backhaul_transitions_total ');
+        expect(text).toMatch(/^backhaul_transitions_total\{to="validating",event="POD_UPSERT"\} 1$/m);
+        expect(text).toMatch(/^backhaul_transitions_total\{to="launchingShadow",event="STEP_DONE"\} 1$/m);
+        expect(text).toMatch(/^backhaul_pods\{state="launchingShadow"\} 1$/m);
+        expect(text).toMatch(/^backhaul_process_resident_memory_bytes \d+/m);
       } finally {
         child.kill('SIGTERM');
       }

@@ -1,5 +1,6 @@
 import { rm } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { squeueQueries } from '../../src/metrics/fleet-metrics.js';
 import { findPodJob, jobLookup } from '../../src/site/slurm-queries.js';
 import type { LoginLease } from '../../src/ssh/login-pool.js';
 import { type Harness, harness, uid } from '../fixtures/shadow-harness.js';
@@ -10,6 +11,11 @@ import { cancelSubmittedJobs, sbatch, waitForState } from '../fixtures/slurm.js'
  * (each shadow polls its job every 2 s while it is pending: one squeue per pod would be an RPC to
  * slurmctld per pod per poll). Real login sshd, real Slurm.
  */
+/** backhaul_squeue_queries_total, as /metrics reports it. */
+async function counted(): Promise<number> {
+  return (await squeueQueries.get()).values[0]?.value ?? 0;
+}
+
 describe('Slurm job lookup through the login node', () => {
   let h: Harness;
   let login: LoginLease;
@@ -34,11 +40,13 @@ describe('Slurm job lookup through the login node', () => {
     const user = h.config.Network.SSH.User;
     const lookup = jobLookup(login.client, user);
     const before = lookup.queries;
+    const metricBefore = await counted();
     const unknown = Array.from({ length: 14 }, () => uid());
     const names = [...pods, ...unknown, pods[0] as string, pods[1] as string, unknown[0] as string];
     const found = await Promise.all(names.map((name) => findPodJob(login.client, user, name)));
     // The first lookup starts a query at once; the 19 asked while it runs share the next one.
     expect(lookup.queries - before).toBe(2);
+    expect(await counted()).toBe(metricBefore + 2);
     expect(found.slice(0, 3).map((j) => j?.jobId)).toEqual(ids);
     for (const job of found.slice(0, 3)) expect(job).toMatchObject({ phase: 'running', batchHost: 'bhnode1' });
     expect(found.slice(0, 3).map((j) => j?.name)).toEqual(pods);

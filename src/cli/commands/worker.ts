@@ -47,9 +47,10 @@ export function registerWorker(program: Command): void {
       .option('--health-address <address>', 'address of the health endpoint', '0.0.0.0'),
   ).action(async (flags: WorkerFlags) => {
     // Loaded here: the fleet (SSH, Kubernetes client, BullMQ workers) is not needed by any other command.
-    const [{ startFleet }, { startHealthServer }] = await Promise.all([
+    const [{ startFleet }, { startHealthServer }, { metricsText }] = await Promise.all([
       import('../../workers/fleet.js'),
       import('../../cluster/health.js'),
+      import('../../metrics/fleet-metrics.js'),
     ]);
     const config = await loadSiteConfig(flags);
     const log = createLogger('backhaul');
@@ -65,11 +66,16 @@ export function registerWorker(program: Command): void {
     let fleet: RunningFleet | undefined;
     let health: HealthServer | undefined;
     if (flags.healthPort !== undefined) {
-      health = await startHealthServer(flags.healthPort, flags.healthAddress, [
-        { name: 'fleet-started', check: () => fleet !== undefined },
-        ...(!webhookOnly ? [{ name: 'redis', check: async () => (await redis.ping()) === 'PONG' }] : []),
-        { name: 'pod-watch', check: () => fleet?.cluster.watcher?.synced ?? true },
-      ]);
+      health = await startHealthServer(
+        flags.healthPort,
+        flags.healthAddress,
+        [
+          { name: 'fleet-started', check: () => fleet !== undefined },
+          ...(!webhookOnly ? [{ name: 'redis', check: async () => (await redis.ping()) === 'PONG' }] : []),
+          { name: 'pod-watch', check: () => fleet?.cluster.watcher?.synced ?? true },
+        ],
+        metricsText,
+      );
       log.info({ port: health.port }, 'health endpoint listening');
     }
     const running = await startFleet(config, redis, log, {

@@ -1,0 +1,100 @@
+import { Counter, collectDefaultMetrics, Gauge, Registry } from 'prom-client';
+
+/**
+ * The fleet member's Prometheus metrics (`GET /metrics` on `--health-port`). One set per process: a
+ * process runs one fleet member, and the pieces that count (the Slurm job lookup, the session host, the
+ * control worker) are reached from places that do not share other state.
+ */
+export const registry = new Registry();
+collectDefaultMetrics({ register: registry, prefix: 'backhaul_' });
+
+export const transitions = new Counter({
+  name: 'backhaul_transitions_total',
+  help: 'Transitions stored by this control worker, by the state entered and the event that caused them.',
+  labelNames: ['to', 'event'] as const,
+  registers: [registry],
+});
+
+export const ignoredEvents = new Counter({
+  name: 'backhaul_events_ignored_total',
+  help: 'Events that caused no transition (stale generation, state already passed, pod unknown).',
+  labelNames: ['event'] as const,
+  registers: [registry],
+});
+
+export const steps = new Counter({
+  name: 'backhaul_steps_total',
+  help: 'Step jobs run by this control worker, by step and outcome (done, failed, stale).',
+  labelNames: ['step', 'outcome'] as const,
+  registers: [registry],
+});
+
+export const exhaustedSteps = new Counter({
+  name: 'backhaul_steps_exhausted_total',
+  help: 'Step jobs that failed on every retry and were reported to the machine as STEP_FAILED.',
+  labelNames: ['step'] as const,
+  registers: [registry],
+});
+
+export const deadlinesSent = new Counter({
+  name: 'backhaul_deadlines_sent_total',
+  help: 'DEADLINE events sent by this control worker for deadlines that fell due.',
+  labelNames: ['name'] as const,
+  registers: [registry],
+});
+
+export const outboxRepairs = new Counter({
+  name: 'backhaul_outbox_repairs_total',
+  help: 'Pods whose effects a dead control worker left and this one ran again.',
+  registers: [registry],
+});
+
+export const squeueQueries = new Counter({
+  name: 'backhaul_squeue_queries_total',
+  help: 'squeue commands run on the login node (one per login connection for all lookups asked at once).',
+  registers: [registry],
+});
+
+export const squeueFailures = new Counter({
+  name: 'backhaul_squeue_failures_total',
+  help: 'squeue commands that failed (each is asked again twice before the lookups fail).',
+  registers: [registry],
+});
+
+export const shadowsHeld = new Gauge({
+  name: 'backhaul_shadows_held',
+  help: 'Shadow sessions this session host holds now.',
+  registers: [registry],
+});
+
+export const sessionEnds = new Counter({
+  name: 'backhaul_session_ends_total',
+  help: 'Shadow sessions that ended on this session host, by how they ended.',
+  labelNames: ['end'] as const,
+  registers: [registry],
+});
+
+type PodCounter = () => Promise<Record<string, number>>;
+let countPods: PodCounter | undefined;
+
+new Gauge({
+  name: 'backhaul_pods',
+  help: 'Pods known to the fleet, by the state of their machine (read from Redis when scraped; control role).',
+  labelNames: ['state'] as const,
+  registers: [registry],
+  async collect() {
+    if (!countPods) return;
+    this.reset();
+    for (const [state, n] of Object.entries(await countPods())) this.set({ state }, n);
+  },
+});
+
+/** The control role reports the fleet's pods by state (one Redis pipeline per scrape). */
+export function countPodsWith(fn: PodCounter | undefined): void {
+  countPods = fn;
+}
+
+/** The exposition text and its content type, for the HTTP endpoint. */
+export async function metricsText(): Promise<{ contentType: string; body: string }> {
+  return { contentType: registry.contentType, body: await registry.metrics() };
+}
