@@ -72,11 +72,14 @@ function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
 
 export async function podStatuses(deps: FleetDeps, historyCount = 20): Promise<PodStatus[]> {
   const uids = await deps.store.list();
-  const stored = await deps.store.loadMany(uids);
+  // Two pipelines for the whole fleet, not a round trip per pod.
+  const [stored, histories] = await Promise.all([
+    deps.store.loadMany(uids),
+    deps.store.historyMany(uids, historyCount),
+  ]);
   const out: PodStatus[] = [];
-  for (const record of stored) {
-    if (!record) continue;
-    out.push(statusOf(record, await deps.store.history(record.uid, historyCount)));
+  for (const [i, record] of stored.entries()) {
+    if (record) out.push(statusOf(record, histories[i] ?? []));
   }
   return out.sort((a, b) => `${a.namespace}/${a.name}`.localeCompare(`${b.namespace}/${b.name}`));
 }

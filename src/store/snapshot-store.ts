@@ -260,6 +260,19 @@ export class SnapshotStore {
     return entries.map(([id, fields]) => parseHistory(id, fields));
   }
 
+  /** The last `count` history entries of each pod, oldest first, in one pipeline (for `status` of a fleet). */
+  async historyMany(uids: readonly string[], count: number): Promise<HistoryRecord[][]> {
+    if (uids.length === 0) return [];
+    const pipeline = this.redis.pipeline();
+    for (const uid of uids) pipeline.xrevrange(this.keys.history(uid), '+', '-', 'COUNT', String(count));
+    const replies = (await pipeline.exec()) ?? [];
+    return uids.map((_, i) => {
+      const [err, entries] = replies[i] ?? [null, []];
+      if (err) throw err;
+      return (entries as [string, string[]][]).map(([id, fields]) => parseHistory(id, fields)).reverse();
+    });
+  }
+
   private podKeys(uid: string): string[] {
     return [this.keys.pod(uid), this.keys.pods(), this.keys.podsByName(), this.keys.history(uid)];
   }

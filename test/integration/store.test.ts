@@ -186,6 +186,7 @@ describe('SnapshotStore', () => {
     const elapsed = performance.now() - started;
     const reader = new SnapshotStore(redis, { keys });
     const stored = await reader.loadMany(uids);
+    const lastFive = await reader.historyMany(uids, 5);
     for (const [i, uid] of uids.entries()) {
       const expected = sent.get(uid) ?? 0;
       expect(stored[i]?.snapshot, uid).toEqual({ counter: expected });
@@ -194,6 +195,8 @@ describe('SnapshotStore', () => {
       expect(history.length, uid).toBe(expected);
       // Every counter value written exactly once, in order.
       expect(history.map((h) => h.generation)).toEqual(Array.from({ length: expected }, (_, k) => k + 1));
+      // The pipelined read of many pods' last entries (`status`) gives the same tail, oldest first.
+      expect(lastFive[i]).toEqual(history.slice(-5));
     }
     expect([...sent.values()].reduce((x, y) => x + y, 0)).toBe(8_000);
     expect(conflicts).toBeGreaterThan(0);
