@@ -14,13 +14,28 @@
 -- ARGV[6] name
 -- ARGV[7] deadline (ms) the first state holds, or '' for none
 -- ARGV[8] effects the first state asked for (JSON), or '' for none
--- ARGV[9] history cap (XADD MAXLEN ~)
--- ARGV[10..] history entry as field, value, field, value … (none: no entry)
+-- ARGV[9] the time (ms) of the event creating the record, or '' not to check: a pod whose history ends
+--         in `done` at or after it is not created again (the event was older than the pod's end)
+-- ARGV[10] history cap (XADD MAXLEN ~)
+-- ARGV[11..] history entry as field, value, field, value … (none: no entry)
 --
--- Returns 1 when created (gen is 1), 0 when the pod already had a record (nothing written).
+-- Returns 1 when created (gen is 1), 0 when the pod already had a record, -1 when the pod finished at or
+-- after the event's time (nothing written either way).
 
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
+end
+if ARGV[9] ~= '' then
+  local last = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
+  if #last > 0 then
+    local fields, to, at = last[1][2], nil, nil
+    for i = 1, #fields, 2 do
+      if fields[i] == 'to' then to = fields[i + 1] elseif fields[i] == 'at' then at = tonumber(fields[i + 1]) end
+    end
+    if to == 'done' and at ~= nil and at >= tonumber(ARGV[9]) then
+      return -1
+    end
+  end
 end
 
 local t = redis.call('TIME')
@@ -41,7 +56,7 @@ end
 
 -- A history left behind by an earlier record of this uid (it only had a TTL) continues, kept again.
 redis.call('PERSIST', KEYS[4])
-if #ARGV > 9 then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', unpack(ARGV, 10))
+if #ARGV > 10 then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[10], '*', unpack(ARGV, 11))
 end
 return 1

@@ -39,7 +39,14 @@ export interface PodWrite {
   deadlineAt?: number | null;
   /** The effects the transition asked for, kept in the record until cleared (an outbox); none when absent or empty. */
   effects?: readonly unknown[] | null;
+  /**
+   * Creation only: the time of the event creating the record. A pod whose history ends in `done` at or
+   * after it is not created again (events of one pod are not ordered: the event predates the pod's end).
+   */
+  createdBy?: number;
 }
+
+export type CreateResult = 'created' | 'exists' | 'finished';
 
 export interface HistoryEntry {
   /** Time of the event (ms). */
@@ -73,6 +80,8 @@ export interface ApplyDecision<T> {
 export interface ApplyOutcome<T> {
   value: T;
   written: boolean;
+  /** Nothing written because the pod finished after the creating event (PodWrite.createdBy). */
+  finished?: true;
   /** The record's gen after the call (null: no record). */
   gen: number | null;
   /** Loads made; conflicts = attempts − 1 when it was finally written. */
@@ -128,8 +137,8 @@ export class SnapshotStore {
     });
   }
 
-  /** Stores a pod's first record; false (nothing written) when it already has one. */
-  async create(uid: string, write: PodWrite): Promise<boolean> {
+  /** Stores a pod's first record; nothing is written when it has one, or it finished after `createdBy`. */
+  async create(uid: string, write: PodWrite): Promise<CreateResult> {
     const reply = await script('pod-create').run(this.redis, this.casKeys(uid), [
       uid,
       JSON.stringify(write.snapshot),
@@ -139,10 +148,11 @@ export class SnapshotStore {
       write.name,
       deadlineArg(write),
       effectsArg(write),
+      write.createdBy === undefined ? '' : String(write.createdBy),
       this.historyMaxLen,
       ...historyFields(write.history),
     ]);
-    return reply === 1;
+    return reply === 1 ? 'created' : reply === -1 ? 'finished' : 'exists';
   }
 
   /** Writes only if the stored gen is still `expectedGen`. */
@@ -180,7 +190,11 @@ export class SnapshotStore {
       const { write, value } = await decide(current);
       if (!write) return { value, written: false, gen: current?.gen ?? null, attempts, conflicts: attempts - 1 };
       if (current === null) {
-        if (await this.create(uid, write)) return { value, written: true, gen: 1, attempts, conflicts: attempts - 1 };
+        const created = await this.create(uid, write);
+        if (created === 'created') return { value, written: true, gen: 1, attempts, conflicts: attempts - 1 };
+        if (created === 'finished') {
+          return { value, written: false, finished: true, gen: null, attempts, conflicts: attempts - 1 };
+        }
       } else {
         const result = await this.compareAndSet(uid, current.gen, write);
         if (result.ok) return { value, written: true, gen: result.gen, attempts, conflicts: attempts - 1 };

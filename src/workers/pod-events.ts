@@ -75,25 +75,14 @@ function writeOf(
 }
 
 /**
- * Did this pod's machine finish (and get forgotten) after `at`? Events of one pod are not ordered: a
- * POD_UPSERT the watcher queued before the pod's deletion completed may be taken after it, and must not
- * start a new machine for a pod that is gone. A later one (the same pod submitted again) may.
- */
-async function finishedAfter(deps: FleetDeps, uid: string, at: number): Promise<boolean> {
-  const [last] = await deps.store.history(uid, 1);
-  return last !== undefined && last.to === 'done' && last.at >= at;
-}
-
-/**
  * Load → transition (pure) → compare-and-set, retried on conflicts. A POD_UPSERT for an unknown pod
  * creates its machine; any other event for an unknown pod is dropped. The effects are returned, not run:
  * the caller runs them once the new state is stored.
  */
 export async function applyPodEvent(deps: FleetDeps, uid: string, event: PodEvent): Promise<ApplyResult> {
-  const outcome = await deps.store.applyWithRetry<ApplyResult>(uid, async (stored) => {
+  const outcome = await deps.store.applyWithRetry<ApplyResult>(uid, (stored) => {
     if (!stored) {
       if (event.type !== 'POD_UPSERT') return { value: { kind: 'ignored', state: null } };
-      if (await finishedAfter(deps, uid, event.at)) return { value: { kind: 'ignored', state: 'done' } };
       const start = startPod(
         {
           uid,
@@ -107,13 +96,16 @@ export async function applyPodEvent(deps: FleetDeps, uid: string, event: PodEven
       const context = start.snapshot.context;
       const to = stateOf(start.snapshot);
       return {
-        write: writeOf(
-          context,
-          persistPod(start.snapshot),
-          to,
-          historyOf(event, '', to, context.generation),
-          start.actions,
-        ),
+        write: {
+          ...writeOf(
+            context,
+            persistPod(start.snapshot),
+            to,
+            historyOf(event, '', to, context.generation),
+            start.actions,
+          ),
+          createdBy: event.at,
+        },
         value: { kind: 'applied', from: null, to, actions: start.actions, context, gen: 0 },
       };
     }
@@ -133,6 +125,10 @@ export async function applyPodEvent(deps: FleetDeps, uid: string, event: PodEven
       value: { kind: 'applied', from: step.from, to: step.to, actions: step.actions, context, gen: 0 },
     };
   });
+  // Events of one pod are not ordered: a POD_UPSERT the watcher queued before the pod's deletion
+  // completed may be taken after it, and must not start a machine for a pod that is gone (the store
+  // refuses, atomically, to create a record older than the pod's end; a later one, a resubmission, may).
+  if (outcome.finished) return { kind: 'ignored', state: 'done' };
   const result = outcome.value;
   return result.kind === 'applied' ? { ...result, gen: outcome.gen ?? 0 } : result;
 }

@@ -249,7 +249,7 @@ describe('control plane on a live fleet (control + session roles)', () => {
       name: 'future',
       history: { at: Date.now(), event: 'POD_UPSERT', from: '', to: 'hovering' },
     });
-    expect(written).toBe(true);
+    expect(written).toBe('created');
     await sendEvent(fleet.deps.queues, future, { type: 'TEARDOWN', reason: 'test', at: Date.now() });
     const failed = await waitFor(
       'the event job to fail',

@@ -106,11 +106,31 @@ describe('Redis connections and scripts', () => {
 });
 
 describe('SnapshotStore', () => {
+  it('does not create again a pod that finished after the creating event; does for a later event', async () => {
+    const store = new SnapshotStore(redis, { keys: freshKeys() });
+    const history = { at: 1_000, event: 'POD_UPSERT', from: '', to: 'validating', generation: 0 };
+    expect(await store.create('u1', write(0, { history }))).toBe('created');
+    const gen = (await store.load('u1'))?.gen ?? 0;
+    const done = { at: 5_000, event: 'STEP_DONE', from: 'tearingDown', to: 'done', generation: 1 };
+    expect((await store.compareAndSet('u1', gen, write(1, { history: done }))).ok).toBe(true);
+    expect(await store.remove('u1', 60)).toBe('removed');
+    // An event from before the end (taken late): refused, nothing written, the history untouched.
+    expect(await store.create('u1', write(0, { history, createdBy: 4_000 }))).toBe('finished');
+    expect(await store.create('u1', write(0, { history, createdBy: 5_000 }))).toBe('finished');
+    expect(await store.load('u1')).toBeNull();
+    expect((await store.history('u1')).map((h) => h.to)).toEqual(['validating', 'done']);
+    // The same pod sent again after its end: a new life, its history continued.
+    expect(await store.create('u1', write(0, { history: { ...history, at: 6_000 }, createdBy: 6_000 }))).toBe(
+      'created',
+    );
+    expect((await store.history('u1')).map((h) => h.to)).toEqual(['validating', 'done', 'validating']);
+  });
+
   it('creates a record only if absent, with gen 1, indexes and a first history entry', async () => {
     const store = new SnapshotStore(redis, { keys: freshKeys() });
     const history = { at: 1_000, event: 'POD_UPSERT', from: '', to: 'even', generation: 0 };
-    expect(await store.create('u1', write(0, { history }))).toBe(true);
-    expect(await store.create('u1', write(99, { namespace: 'x', name: 'y' }))).toBe(false);
+    expect(await store.create('u1', write(0, { history }))).toBe('created');
+    expect(await store.create('u1', write(99, { namespace: 'x', name: 'y' }))).toBe('exists');
     const stored = await store.load('u1');
     expect(stored).toMatchObject({
       uid: 'u1',
@@ -277,7 +297,7 @@ describe('SnapshotStore', () => {
         name: 'analysis',
         history: { at: t0, event: 'POD_UPSERT', from: '', to: 'validating', generation: 0 },
       }),
-    ).toBe(true);
+    ).toBe('created');
 
     const apply = (event: PodEvent) =>
       store.applyWithRetry(uid, (current) => {
