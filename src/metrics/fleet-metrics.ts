@@ -15,6 +15,12 @@ export const transitions = new Counter({
   registers: [registry],
 });
 
+export const casConflicts = new Counter({
+  name: 'backhaul_cas_conflicts_total',
+  help: "Compare-and-set writes of a pod's record that lost to another writer and were applied again.",
+  registers: [registry],
+});
+
 export const ignoredEvents = new Counter({
   name: 'backhaul_events_ignored_total',
   help: 'Events that caused no transition (stale generation, state already passed, pod unknown).',

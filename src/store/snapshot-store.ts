@@ -90,6 +90,8 @@ export interface ApplyOutcome<T> {
 }
 
 export interface SnapshotStoreOptions {
+  /** Called on each compare-and-set conflict (for metrics). */
+  onConflict?: () => void;
   keys?: RedisKeys;
   /** Approximate cap of each history stream (XADD MAXLEN ~). */
   historyMaxLen?: number;
@@ -111,6 +113,7 @@ export class SnapshotStore {
   readonly keys: RedisKeys;
   readonly historyMaxLen: number;
   readonly maxApplyAttempts: number;
+  private readonly onConflict: (() => void) | undefined;
 
   constructor(
     private readonly redis: Redis,
@@ -119,6 +122,7 @@ export class SnapshotStore {
     this.keys = opts.keys ?? new RedisKeys();
     this.historyMaxLen = opts.historyMaxLen ?? 1_000;
     this.maxApplyAttempts = opts.maxApplyAttempts ?? 200;
+    this.onConflict = opts.onConflict;
   }
 
   async load(uid: string): Promise<StoredPod | null> {
@@ -199,6 +203,7 @@ export class SnapshotStore {
         const result = await this.compareAndSet(uid, current.gen, write);
         if (result.ok) return { value, written: true, gen: result.gen, attempts, conflicts: attempts - 1 };
       }
+      this.onConflict?.();
       // Someone else wrote first: back off a little once the pod is contended, then read again.
       if (attempts > 2) await sleep(Math.random() * Math.min(20, attempts));
     }

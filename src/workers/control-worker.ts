@@ -39,6 +39,8 @@ export class ControlWorker {
   readonly steps: Worker<StepJobData>;
   readonly deadlines: DeadlineClock;
   readonly outbox: OutboxSweeper;
+  /** The last event job of each pod being applied here: the next one of that pod waits for it. */
+  private readonly podTurns = new Map<string, Promise<unknown>>();
 
   constructor(
     private readonly deps: FleetDeps,
@@ -92,8 +94,28 @@ export class ControlWorker {
     await Promise.all([this.events.close(), this.steps.close()]);
   }
 
-  private async onEvent(job: Job<EventJobData>): Promise<string> {
-    if (job.name === REAPER_JOB) return `reaped ${await reap(this.deps)}`;
+  /**
+   * Events of one pod taken by this worker are applied one at a time, in the order they were taken (the
+   * queue's): concurrent ones would only conflict in the compare-and-set and land in any order. (Across
+   * workers the compare-and-set still decides.)
+   */
+  private onEvent(job: Job<EventJobData>): Promise<string> {
+    if (job.name === REAPER_JOB) return reap(this.deps).then((n) => `reaped ${n}`);
+    const { uid } = job.data;
+    const before = this.podTurns.get(uid) ?? Promise.resolve();
+    const turn = before.then(
+      () => this.applyEventJob(job),
+      () => this.applyEventJob(job),
+    );
+    const done = turn.catch(() => undefined);
+    this.podTurns.set(uid, done);
+    void done.then(() => {
+      if (this.podTurns.get(uid) === done) this.podTurns.delete(uid);
+    });
+    return turn;
+  }
+
+  private async applyEventJob(job: Job<EventJobData>): Promise<string> {
     const { uid } = job.data;
     const parsed = parsePodEvent(job.data.event);
     if (!parsed.ok) throw new UnrecoverableError(`pod ${uid}: bad event: ${parsed.message}`);

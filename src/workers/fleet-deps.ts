@@ -1,6 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from '../log.js';
 import type { PodContext, PodEvent, PodLimits, PodStateName } from '../machines/pod-machine.js';
+import { casConflicts } from '../metrics/fleet-metrics.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { HostRegistry } from '../store/host-registry.js';
 import { RedisKeys } from '../store/keys.js';
@@ -41,7 +42,7 @@ export function fleetDeps(config: SiteConfig, redis: Redis, log: Logger, opts: F
     config,
     redis,
     keys,
-    store: new SnapshotStore(redis, { keys }),
+    store: new SnapshotStore(redis, { keys, onConflict: () => casConflicts.inc() }),
     leases: new LeaseStore(redis, { keys }),
     hosts: new HostRegistry(redis, { keys }),
     queues: openQueues(redis, opts.bullPrefix),

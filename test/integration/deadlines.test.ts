@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/log.js';
 import { backoffDelay } from '../../src/machines/pod-rules.js';
-import { registry } from '../../src/metrics/fleet-metrics.js';
+import { casConflicts, registry } from '../../src/metrics/fleet-metrics.js';
 import { ControlWorker } from '../../src/workers/control-worker.js';
 import { DeadlineClock } from '../../src/workers/deadline-clock.js';
 import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
@@ -150,6 +150,33 @@ describe('the control worker delivers deadlines and reports steps that used up t
     await sendEvent(deps.queues, podUid, { type: 'TEARDOWN', reason: 'test', at: Date.now() });
     await waitForPodState({ deps }, podUid, null, 30_000);
   }, 60_000);
+
+  it('events of one pod taken together are applied in queue order, one at a time (no CAS conflict)', async () => {
+    const podUid = uid();
+    const conflictsBefore = (await casConflicts.get()).values[0]?.value ?? 0;
+    const names = Array.from({ length: 30 }, (_, i) => `renamed-${i}`);
+    await control.events.pause();
+    for (const name of names) {
+      await sendEvent(deps.queues, podUid, {
+        type: 'POD_UPSERT',
+        namespace: 'user',
+        name,
+        annotations: FORWARDS,
+        at: Date.now(),
+      });
+    }
+    control.events.resume();
+    const deadline = Date.now() + 15_000;
+    while ((await deps.queues.events.getWaitingCount()) + (await deps.queues.events.getActiveCount()) > 0) {
+      if (Date.now() > deadline) throw new Error('events not processed');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    // The last one sent is the name stored: no earlier event was applied after it.
+    expect((await deps.store.load(podUid))?.name).toBe('renamed-29');
+    expect((await casConflicts.get()).values[0]?.value ?? 0).toBe(conflictsBefore);
+    await sendEvent(deps.queues, podUid, { type: 'TEARDOWN', reason: 'test', at: Date.now() });
+    await waitForPodState({ deps }, podUid, null, 20_000);
+  }, 30_000);
 
   it('a teardown step failing on every attempt fails the pod with its error; RETRY after the fix ends it', async () => {
     const podUid = uid();
