@@ -32,6 +32,7 @@ import { runEffects } from '../src/workers/effects.js';
 import { type FleetDeps, fleetDeps, podLimits } from '../src/workers/fleet-deps.js';
 import { applyPodEvent } from '../src/workers/pod-events.js';
 import { QUEUE_NAMES, sendEvent } from '../src/workers/queues.js';
+import { eventsUpTo } from '../test/fixtures/control-only.js';
 import { say, selfCpuSeconds, sleep } from './control-common.js';
 
 const ANNOTATIONS = {
@@ -56,12 +57,7 @@ export const benchConfig = (url: string) =>
 /** The events of one pod's healthy lifecycle after POD_UPSERT (8 of them; POD_UPSERT makes the 9th). */
 export function lifecycle(at: number): PodEvent[] {
   return [
-    { type: 'STEP_DONE', step: 'validate', generation: 0, at },
-    { type: 'STEP_DONE', step: 'render', generation: 0, at },
-    { type: 'SHADOW_UP', host: 'bench-host', generation: 1, at },
-    { type: 'BATCH_HOST', batchHost: 'bhnode1', jobId: '4242', generation: 1, at },
-    { type: 'CARRIER_OPEN', generation: 1, at },
-    { type: 'FORWARDS_READY', generation: 1, at },
+    ...eventsUpTo('active', at).slice(1),
     { type: 'TEARDOWN', reason: 'bench', at },
     { type: 'STEP_DONE', step: 'teardown', generation: 1, at },
   ];

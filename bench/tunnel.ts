@@ -15,7 +15,7 @@
  * Environment: BENCH_BYTES (1G), BENCH_SRUN_BYTES (min(128M, BENCH_BYTES)), BENCH_REPEAT (3),
  * BENCH_DIRECTIONS (up,down), BENCH_PATHS (a,a2,b,c,d,e; all by default), BENCH_WARMUP (16M),
  * BENCH_JSON (write every sample to this file), BENCH_EXPERIMENT (extra rows next to (c), each on its own
- * carrier: `BATCH[:HWM[:LOGIN]]` runs bench/reverse-forwards-experiment.ts with BATCH off|tick|immediate,
+ * carrier: `BATCH[:HWM[:LOGIN]]` runs ReverseForwards with `endpointTuning` BATCH off|tick|immediate,
  * the endpoint socket's highWaterMark HWM and LOGIN nodelay|tick|immediate for an own login socket;
  * `split` puts the login hop in an OpenSSH `ssh -W` process). Sizes take K/M/G suffixes (binary).
  * Results and their reading: docs/PERFORMANCE.md.
@@ -33,14 +33,14 @@ import { parseSiteConfig } from '../src/spec/site-config.js';
 import { type Carrier, openCarrier } from '../src/ssh/carrier.js';
 import { verifyHostKey } from '../src/ssh/known-hosts.js';
 import type { LoginLease, LoginPool } from '../src/ssh/login-pool.js';
-import { type ForwardTarget, ReverseForwards } from '../src/ssh/reverse-forwards.js';
+import { type EndpointTuning, type ForwardTarget, ReverseForwards } from '../src/ssh/reverse-forwards.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { connectSsh } from '../src/ssh/ssh-connect.js';
 import { type LoopbackSite, startLoopbackSite } from '../test/fixtures/loopback-site.js';
 import { sbatch, scancel, waitForState } from '../test/fixtures/slurm.js';
 import { descendantsOf, freePort, isAlive } from '../test/fixtures/sshd.js';
 import { type TestUser, userEnv } from '../test/fixtures/users.js';
-import { ExperimentalReverseForwards, type ForwardTuning, loginSocket } from './reverse-forwards-experiment.js';
+import { loginSocket } from './login-socket.js';
 
 const MiB = 1024 * 1024;
 const CIPHER = 'aes128-gcm@openssh.com';
@@ -540,7 +540,7 @@ async function backhaulForward(
   mode: 'node' | 'srun',
   socketDir: string,
   socketPath: string,
-  tuning?: ForwardTuning,
+  tuning?: EndpointTuning,
 ): Promise<void> {
   const access = ctx.access;
   if (!access) throw new Error('no site access');
@@ -557,9 +557,9 @@ async function backhaulForward(
   const log = {
     warn: (m: string, d?: Record<string, unknown>) => say(`forward warning: ${m} ${JSON.stringify(d ?? {})}`),
   };
-  const forwards = tuning
-    ? new ExperimentalReverseForwards(carrier.client, [target], carrier.serverMessages, log, tuning)
-    : new ReverseForwards(carrier.client, [target], carrier.serverMessages, log);
+  const forwards = new ReverseForwards(carrier.client, [target], carrier.serverMessages, log, {
+    ...(tuning ? { endpointTuning: tuning } : {}),
+  });
   await forwards.establish();
   onCleanup(`${mode} forwards`, async () => {
     await forwards.cancel();
@@ -577,7 +577,7 @@ async function pathC(ctx: Context): Promise<Row[]> {
   return socketRows(ctx, 'c', '(c) backhaul node carrier (ssh2, jump)', { unix: sock }, {});
 }
 
-/** BENCH_EXPERIMENT=immediate:1M,tick,...: (c) again, each on its own carrier, with bench/reverse-forwards-experiment.ts. */
+/** BENCH_EXPERIMENT=immediate:1M,tick,...: (c) again, each on its own carrier, with ReverseForwards' endpointTuning. */
 async function pathX(ctx: Context): Promise<Row[]> {
   const rows: Row[] = [];
   for (const [i, spec] of EXPERIMENTS.entries()) {
@@ -590,7 +590,7 @@ async function pathX(ctx: Context): Promise<Row[]> {
     if (login !== '' && login !== 'nodelay' && login !== 'tick' && login !== 'immediate') {
       throw new Error(`BENCH_EXPERIMENT: ${spec}: login must be nodelay, tick or immediate`);
     }
-    const tuning: ForwardTuning = { batch, ...(hwm ? { highWaterMark: parseBytes(hwm, 0) } : {}) };
+    const tuning: EndpointTuning = { batch, ...(hwm ? { highWaterMark: parseBytes(hwm, 0) } : {}) };
     const sock = join(ctx.work, `x${i}.sock`);
     let via = ctx;
     if (login !== '') {

@@ -89,7 +89,7 @@ export async function podDetail(deps: FleetDeps, uid: string): Promise<PodDetail
   if (!stored) return null;
   const status = statusOf(stored, await deps.store.history(uid));
   const lease = await deps.leases.get(uid);
-  const effectsSince = stored.outbox === null ? null : await deps.redis.zscore(deps.keys.outbox(), uid);
+  const effectsSince = stored.outbox === null ? null : await deps.store.outboxSince(uid);
   const steps: PodDetail['steps'] = [];
   const generation = status.generation ?? 0;
   // validate and render run at generation 0 (and again at the current one after a RETRY).
@@ -123,10 +123,7 @@ export async function podDetail(deps: FleetDeps, uid: string): Promise<PodDetail
   return {
     ...status,
     lease: lease ? { holder: lease.holder, generation: lease.generation, expiresAt: lease.expiresAt } : null,
-    pendingEffects:
-      stored.outbox === null
-        ? null
-        : { effects: stored.outbox, since: effectsSince === null ? 0 : Number(effectsSince) },
+    pendingEffects: stored.outbox === null ? null : { effects: stored.outbox, since: effectsSince ?? 0 },
     steps,
   };
 }

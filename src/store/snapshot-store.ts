@@ -241,6 +241,12 @@ export class SnapshotStore {
     return reply === 1;
   }
 
+  /** When the pod's uncleared effects were written (Redis clock, ms), or null when it has none. */
+  async outboxSince(uid: string): Promise<number | null> {
+    const score = await this.redis.zscore(this.keys.outbox(), uid);
+    return score === null ? null : Number(score);
+  }
+
   /** Claims up to `limit` pods whose effects have waited more than `ageMs` (their writer died); each for `ageMs`. */
   async claimLeftEffects(ageMs: number, limit = 100): Promise<string[]> {
     return (await script('outbox-claim').run(this.redis, [this.keys.outbox()], [ageMs, limit])) as string[];

@@ -31,8 +31,8 @@ type PureStepRequest = Extract<PodAction, { type: 'runStep' }> & { params: { ste
 
 /**
  * The control role: applies events to pods' machines (load → transition → compare-and-set → effects),
- * runs the steps those machines ask for, delivers their deadlines and runs effects a dead worker left. Stopping finishes the job at hand
- * (BullMQ's close waits).
+ * runs the steps those machines ask for, delivers their deadlines and runs effects a dead worker left.
+ * Stopping finishes the job at hand (BullMQ's close waits).
  */
 export class ControlWorker {
   readonly events: Worker<EventJobData>;
