@@ -7,7 +7,8 @@ import { currentJob, parseSqueue, type SlurmJob, squeueCommand } from './slurm-j
 
 /** Names per squeue: keeps the command line short (a pod UID is 36 characters). */
 const NAMES_PER_QUERY = 200;
-const QUERY_TIMEOUT_MS = 30_000;
+/** Per attempt, channel open included: with the retries a lookup fails within about 50 s at worst. */
+const QUERY_TIMEOUT_MS = 15_000;
 /**
  * squeue only reads, so a failed one is asked again after these pauses before the lookups fail (and with
  * them every shadow waiting on the batch): with 500 shadows starting at once on a loaded login node, 1 in

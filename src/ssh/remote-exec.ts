@@ -23,7 +23,9 @@ export async function execCapture(
   command: string,
   opts: { stdin?: string; timeoutMs?: number; maxBytes?: number } = {},
 ): Promise<ExecResult> {
-  const channel = await openExec(client, command);
+  const timeoutMs = opts.timeoutMs ?? 30_000;
+  const deadline = Date.now() + timeoutMs;
+  const channel = await openWithin(client, command, timeoutMs);
   const maxBytes = opts.maxBytes ?? 1 << 20;
   return new Promise((resolve, reject) => {
     const out: Buffer[] = [];
@@ -31,10 +33,13 @@ export async function execCapture(
     let size = 0;
     let code: number | null = null;
     let signal: string | undefined;
-    const timer = setTimeout(() => {
-      channel.close();
-      reject(new Error(`remote command timed out after ${opts.timeoutMs} ms: ${command}`));
-    }, opts.timeoutMs ?? 30_000);
+    const timer = setTimeout(
+      () => {
+        channel.close();
+        reject(new Error(`remote command timed out after ${timeoutMs} ms: ${command}`));
+      },
+      Math.max(0, deadline - Date.now()),
+    );
     const keep = (into: Buffer[]) => (chunk: Buffer) => {
       size += chunk.length;
       if (size <= maxBytes) into.push(chunk);
@@ -60,5 +65,30 @@ export async function execCapture(
     });
     if (opts.stdin !== undefined) channel.end(opts.stdin);
     else channel.end();
+  });
+}
+
+/**
+ * The channel open counts against the command's time too: a server that never answers it (a loaded
+ * sshd) must not hold the caller, nor everyone waiting on the same query, forever.
+ */
+function openWithin(client: Client, command: string, timeoutMs: number): Promise<ClientChannel> {
+  return new Promise((resolve, reject) => {
+    let late = false;
+    const timer = setTimeout(() => {
+      late = true;
+      reject(new Error(`remote command timed out after ${timeoutMs} ms opening its channel: ${command}`));
+    }, timeoutMs);
+    openExec(client, command).then(
+      (channel) => {
+        clearTimeout(timer);
+        if (late) channel.close();
+        else resolve(channel);
+      },
+      (err: unknown) => {
+        clearTimeout(timer);
+        reject(err);
+      },
+    );
   });
 }
