@@ -20,33 +20,51 @@
  * `split` puts the login hop in an OpenSSH `ssh -W` process). Sizes take K/M/G suffixes (binary).
  * Results and their reading: docs/PERFORMANCE.md.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { chmodSync, chownSync, readdirSync, readFileSync } from 'node:fs';
-import { copyFile, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Duplex } from 'node:stream';
-import { fileURLToPath } from 'node:url';
-import { bindAddress } from '../src/spec/derivations.js';
 import { parseSiteConfig } from '../src/spec/site-config.js';
-import { type Carrier, openCarrier } from '../src/ssh/carrier.js';
 import { verifyHostKey } from '../src/ssh/known-hosts.js';
-import type { LoginLease, LoginPool } from '../src/ssh/login-pool.js';
-import { type EndpointTuning, type ForwardTarget, ReverseForwards } from '../src/ssh/reverse-forwards.js';
+import type { LoginPool } from '../src/ssh/login-pool.js';
+import { type EndpointTuning, ReverseForwards } from '../src/ssh/reverse-forwards.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { connectSsh } from '../src/ssh/ssh-connect.js';
 import { type LoopbackSite, startLoopbackSite } from '../test/fixtures/loopback-site.js';
 import { sbatch, scancel, waitForState } from '../test/fixtures/slurm.js';
-import { descendantsOf, freePort, isAlive } from '../test/fixtures/sshd.js';
-import { type TestUser, userEnv } from '../test/fixtures/users.js';
+import { descendantsOf, isAlive } from '../test/fixtures/sshd.js';
+import type { TestUser } from '../test/fixtures/users.js';
+import {
+  best,
+  type Child,
+  cleanupAll,
+  commandExists,
+  lpad,
+  MiB,
+  median,
+  onCleanup,
+  PYTHON,
+  pad,
+  parseBytes,
+  ROOT,
+  say,
+  start,
+  waitForSocket,
+  withTimeout,
+} from './harness.js';
 import { loginSocket } from './login-socket.js';
+import {
+  CIPHER,
+  openBackhaulForwards,
+  openSshReverse,
+  PINNED_CIPHER,
+  pinnedSshConfig,
+  startRelay,
+} from './site-paths.js';
 
-const MiB = 1024 * 1024;
-const CIPHER = 'aes128-gcm@openssh.com';
-/** The job user's python (pyenv shims under /root are not reachable for bhjob). */
-const PYTHON = '/usr/bin/python3';
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const PEER_SOURCE = join(ROOT, 'bench', 'tunnel_peer.py');
 const PIPE = join(ROOT, 'bench', 'tunnel-pipe.ts');
 const RELAY_SOURCE = join(ROOT, 'src', 'render', 'relay.py');
@@ -59,14 +77,6 @@ let RELAY = RELAY_SOURCE;
 const CLK_TCK = 100;
 
 // ------------------------------------------------------------------------------------------ settings
-
-function parseBytes(text: string | undefined, fallback: number): number {
-  if (text === undefined || text.trim() === '') return fallback;
-  const m = /^\s*(\d+(?:\.\d+)?)\s*([KMG]?)i?B?\s*$/i.exec(text);
-  if (!m) throw new Error(`bad size ${JSON.stringify(text)} (e.g. 1073741824, 256M, 1G)`);
-  const unit = { '': 1, K: 1024, M: MiB, G: 1024 * MiB }[(m[2] ?? '').toUpperCase()] ?? 1;
-  return Math.round(Number(m[1]) * unit);
-}
 
 const BYTES = parseBytes(process.env.BENCH_BYTES, 1024 * MiB);
 const SRUN_BYTES = parseBytes(process.env.BENCH_SRUN_BYTES, Math.min(128 * MiB, BYTES));
@@ -83,137 +93,6 @@ for (const d of DIRECTIONS) if (d !== 'up' && d !== 'down') throw new Error(`BEN
 
 type Direction = 'up' | 'down';
 const fmtBytes = (n: number) => (n % MiB === 0 ? `${n / MiB} MiB` : `${n} bytes`);
-const say = (line: string) => process.stderr.write(`bench: ${line}\n`);
-
-// ------------------------------------------------------------------------------------------ cleanup
-
-const cleanups: { what: string; fn: () => Promise<unknown> | unknown }[] = [];
-function onCleanup(what: string, fn: () => Promise<unknown> | unknown): void {
-  cleanups.push({ what, fn });
-}
-let cleaning: Promise<void> | undefined;
-function cleanupAll(): Promise<void> {
-  cleaning ??= (async () => {
-    while (cleanups.length > 0) {
-      const step = cleanups.pop();
-      if (!step) break;
-      try {
-        await withTimeout(Promise.resolve(step.fn()), 20_000, `cleanup: ${step.what}`);
-      } catch (err) {
-        say(`cleanup of ${step.what} failed: ${(err as Error).message}`);
-      }
-    }
-  })();
-  return cleaning;
-}
-for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
-  process.once(signal, () => {
-    say(`${signal}: cleaning up`);
-    void cleanupAll().finally(() => process.exit(130));
-  });
-}
-
-function withTimeout<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what}: timed out after ${ms} ms`)), ms);
-  });
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
-}
-
-// ------------------------------------------------------------------------------------------ children
-
-interface Child {
-  name: string;
-  proc: ChildProcess;
-  pid: number;
-  stdout(): string;
-  stderr(): string;
-  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
-  /** Resolves with the first stdout line that matches; rejects if the child exits first. */
-  line(match: RegExp, timeoutMs: number): Promise<string>;
-  stop(): Promise<void>;
-}
-
-const children = new Set<Child>();
-onCleanup('child processes', async () => {
-  await Promise.all([...children].map((c) => c.stop()));
-});
-
-/**
- * Spawns through setpriv with PR_SET_PDEATHSIG: a child dies with this process even after a SIGKILL.
- * With USER it runs as that user (real and effective ids, the user's groups, a login-like env).
- */
-function start(name: string, command: string, args: readonly string[], user?: TestUser): Child {
-  const ids = user ? [`--reuid=${user.uid}`, `--regid=${user.gid}`, '--init-groups'] : [];
-  const proc = spawn('setpriv', ['--pdeathsig', 'KILL', ...ids, '--', command, ...args], {
-    cwd: user ? user.home : ROOT,
-    env: user ? userEnv(user) : process.env,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let out = '';
-  let err = '';
-  const waiters: (() => void)[] = [];
-  proc.stdout?.setEncoding('utf8').on('data', (s: string) => {
-    out += s;
-    for (const w of waiters.splice(0)) w();
-  });
-  proc.stderr?.setEncoding('utf8').on('data', (s: string) => {
-    err = (err + s).slice(-20_000);
-  });
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => {
-    proc.once('error', (e) => {
-      err += `spawn error: ${e.message}`;
-      resolve({ code: null, signal: null });
-    });
-    proc.once('close', (code, signal) => resolve({ code, signal }));
-  });
-  let done = false;
-  const child: Child = {
-    name,
-    proc,
-    pid: proc.pid ?? -1,
-    stdout: () => out,
-    stderr: () => err,
-    exited,
-    line: (match, timeoutMs) =>
-      withTimeout(
-        new Promise<string>((resolve, reject) => {
-          const look = () => {
-            const found = out.split('\n').find((l) => match.test(l));
-            if (found !== undefined) return resolve(found);
-            if (done) return reject(new Error(`${name} exited: ${err.trim().split('\n').slice(-5).join(' | ')}`));
-            waiters.push(look);
-          };
-          void exited.then(() => {
-            done = true;
-            look();
-          });
-          look();
-        }),
-        timeoutMs,
-        `${name}: waiting for ${match}`,
-      ),
-    stop: async () => {
-      if (!done && proc.exitCode === null && proc.signalCode === null) {
-        proc.kill('SIGTERM');
-        const killer = setTimeout(() => proc.kill('SIGKILL'), 3_000);
-        await exited;
-        clearTimeout(killer);
-      }
-      children.delete(child);
-    },
-  };
-  void exited.then(() => {
-    done = true;
-    children.delete(child);
-    for (const w of waiters.splice(0)) w();
-  });
-  children.add(child);
-  return child;
-}
-
-// ------------------------------------------------------------------------------------------ CPU accounting
 
 /** utime+stime+cutime+cstime of a process in seconds (reaped children included), 0 if gone. */
 function cpuSeconds(pid: number): number {
@@ -428,17 +307,6 @@ const common = (ctx: Context): CpuGroups => ({
   'node sshd': () => ctx.site.node.processes(),
 });
 
-async function waitForSocket(path: string, timeoutMs: number, alive: () => boolean): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const st = await stat(path).catch(() => undefined);
-    if (st?.isSocket()) return;
-    if (!alive()) throw new Error(`the process that should bind ${path} exited`);
-    if (Date.now() > deadline) throw new Error(`${path} did not appear within ${timeoutMs} ms`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
 function socketRows(
   ctx: Context,
   key: string,
@@ -496,42 +364,10 @@ async function pathA2(ctx: Context): Promise<Row[]> {
   );
 }
 
-/** The site's own ssh_config with the cipher pinned first: ProxyJump hops read -F, not -o/-c. */
-async function pinnedSshConfig(ctx: Context): Promise<string> {
-  const config = join(ctx.work, 'ssh_config');
-  if (!(await stat(config).catch(() => undefined))) {
-    await writeFile(config, `Ciphers ${CIPHER}\n${await readFile(ctx.site.sshConfigPath, 'utf8')}`, { mode: 0o644 });
-  }
-  return config;
-}
-
 async function pathB(ctx: Context): Promise<Row[]> {
-  const sock = join(ctx.work, 'b.sock');
-  const config = await pinnedSshConfig(ctx);
-  const ssh = start('ssh -J -R', 'ssh', [
-    '-v',
-    '-F',
-    config,
-    '-c',
-    CIPHER,
-    '-J',
-    'bh-login',
-    '-N',
-    '-o',
-    'ExitOnForwardFailure=yes',
-    '-R',
-    `${sock}:127.0.0.1:${ctx.sinkPort}`,
-    `${ctx.user.name}@${ctx.site.nodeHost}`,
-  ]);
-  await waitForSocket(sock, 30_000, () => isAlive(ssh.pid));
-  // -v is passed on to the jump's ssh: expect the cipher in both directions on both hops.
-  const said = ssh.stderr().match(/cipher: \S+/g) ?? [];
-  say(`OpenSSH negotiated: ${[...new Set(said)].join(', ')} (${said.length} lines over both hops)`);
-  if (said.length < 4 || said.some((s) => s !== `cipher: ${CIPHER}`)) {
-    throw new Error(`OpenSSH did not use ${CIPHER} on both hops: ${said.join(', ')}`);
-  }
-  onCleanup('b.sock', () => rm(sock, { force: true }));
-  return socketRows(ctx, 'b', '(b) OpenSSH ssh -J -R', { unix: sock }, { 'ssh client(s)': () => treeOf(ssh.pid) });
+  const socket = join(ctx.work, 'b.sock');
+  const ssh = await openSshReverse(ctx.site, ctx.work, ctx.user, [{ socket, port: ctx.sinkPort }]);
+  return socketRows(ctx, 'b', '(b) OpenSSH ssh -J -R', { unix: socket }, { 'ssh client(s)': () => treeOf(ssh.pid) });
 }
 
 /** A backhaul carrier and one forward to the sink, as a shadow session holds them. */
@@ -539,34 +375,16 @@ async function backhaulForward(
   ctx: Context,
   mode: 'node' | 'srun',
   socketDir: string,
-  socketPath: string,
+  socket: string,
   tuning?: EndpointTuning,
 ): Promise<void> {
-  const access = ctx.access;
-  if (!access) throw new Error('no site access');
-  const lease: LoginLease = await access.pool.acquire(mode === 'srun' ? 1 : 0);
-  onCleanup(`${mode} login lease`, () => lease.release());
-  const carrier: Carrier = await openCarrier(lease.client, access.carrier, {
+  if (!ctx.access) throw new Error('no site access');
+  await openBackhaulForwards(ctx.access, ctx.site, {
     mode,
-    job: { jobId: ctx.jobId ?? '0', batchHost: ctx.site.nodeHost },
+    ...(ctx.jobId ? { jobId: ctx.jobId } : {}),
     socketDir,
-    socksPort: undefined,
-  });
-  onCleanup(`${mode} carrier`, () => carrier.close());
-  const target: ForwardTarget = { socketPath, dialHost: '127.0.0.1', port: ctx.sinkPort };
-  const log = {
-    warn: (m: string, d?: Record<string, unknown>) => say(`forward warning: ${m} ${JSON.stringify(d ?? {})}`),
-  };
-  const forwards = new ReverseForwards(carrier.client, [target], carrier.serverMessages, log, {
-    ...(tuning ? { endpointTuning: tuning } : {}),
-  });
-  await forwards.establish();
-  onCleanup(`${mode} forwards`, async () => {
-    await forwards.cancel();
-    await rm(socketPath, { force: true });
-  });
-  void carrier.lost.then((why) => {
-    if (why !== 'closed') say(`${mode} carrier lost: ${why}`);
+    forwards: [{ socket, port: ctx.sinkPort }],
+    ...(tuning ? { tuning } : {}),
   });
 }
 
@@ -619,7 +437,7 @@ async function pathX(ctx: Context): Promise<Row[]> {
 async function splitHops(ctx: Context, sock: string): Promise<Row[]> {
   const access = ctx.access;
   if (!access) throw new Error('no site access');
-  const config = await pinnedSshConfig(ctx);
+  const config = await pinnedSshConfig(ctx.site, ctx.work);
   const { nodeHost, nodePort } = ctx.site;
   const hop = spawn(
     'setpriv',
@@ -668,18 +486,16 @@ async function splitHops(ctx: Context, sock: string): Promise<Row[]> {
 async function pathD(ctx: Context): Promise<Row[]> {
   const sock = join(ctx.work, 'c.sock');
   if (!(await stat(sock).catch(() => undefined))) await pathC(ctx);
-  const uid = `bench-${randomBytes(6).toString('hex')}`;
-  const address = bindAddress(uid);
-  const port = await freePort(address);
-  // As the job user, like the prelude starts it (it refuses peers of any other uid).
-  const relay = start(
-    'relay',
-    PYTHON,
-    [RELAY, 'serve', '--uid', uid, '--socket-dir', ctx.work, '--forward', `${port}=${sock}`, '--bind', address],
-    ctx.user,
+  const relay = await startRelay(ctx.user, RELAY, ctx.work, [{ socket: sock, port: ctx.sinkPort }]);
+  return socketRows(
+    ctx,
+    'd',
+    '(d) (c) + relay.py',
+    { tcp: `${relay.address}:${relay.ports[0]}` },
+    {
+      relay: () => treeOf(relay.child.pid),
+    },
   );
-  await relay.line(/^ready /, 15_000);
-  return socketRows(ctx, 'd', '(d) (c) + relay.py', { tcp: `${address}:${port}` }, { relay: () => treeOf(relay.pid) });
 }
 
 async function pathE(ctx: Context): Promise<Row[]> {
@@ -727,15 +543,6 @@ async function pathE(ctx: Context): Promise<Row[]> {
 }
 
 // ------------------------------------------------------------------------------------------ report
-
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2;
-};
-const best = (xs: number[]) => Math.max(...xs);
-const pad = (s: string, n: number) => (s.length >= n ? s : s + ' '.repeat(n - s.length));
-const lpad = (s: string, n: number) => (s.length >= n ? s : ' '.repeat(n - s.length) + s);
 
 function report(rows: Row[], samples: Map<Row, Sample[]>, errors: Map<Row, string>): string {
   const out: string[] = [];
@@ -847,7 +654,7 @@ async function main(): Promise<void> {
   say(
     `${fmtBytes(BYTES)} per run (srun ${fmtBytes(SRUN_BYTES)}), ${REPEAT} runs, directions ${DIRECTIONS.join(',')}, paths ${[...PATHS].join(',')}`,
   );
-  const site = await startLoopbackSite({ loginExtra: [`Ciphers ${CIPHER}`], nodeExtra: [`Ciphers ${CIPHER}`] });
+  const site = await startLoopbackSite({ loginExtra: PINNED_CIPHER, nodeExtra: PINNED_CIPHER });
   onCleanup('loopback site', () => site.stop());
   const user = site.user;
 
@@ -988,14 +795,6 @@ async function main(): Promise<void> {
   }
   say(`done in ${((Date.now() - t0) / 1000).toFixed(0)} s`);
   if (errors.size > 0) process.exitCode = 1;
-}
-
-function commandExists(name: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const p = spawn('sh', ['-c', `command -v ${name}`], { stdio: 'ignore' });
-    p.once('close', (code) => resolve(code === 0));
-    p.once('error', () => resolve(false));
-  });
 }
 
 try {

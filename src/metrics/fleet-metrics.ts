@@ -67,6 +67,13 @@ export const squeueFailures = new Counter({
   registers: [registry],
 });
 
+export const sshCrypto = new Gauge({
+  name: 'backhaul_ssh_crypto_info',
+  help: "1, labelled with the code that encrypts this process's SSH packets: native (ssh2's OpenSSL binding) or javascript (the slow fallback), and whether patches/ssh2 is applied.",
+  labelNames: ['path', 'patched'] as const,
+  registers: [registry],
+});
+
 export const shadowsHeld = new Gauge({
   name: 'backhaul_shadows_held',
   help: 'Shadow sessions this session host holds now.',

@@ -2,7 +2,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { type Job, WaitingError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { PodEvent } from '../machines/pod-machine.js';
-import { sessionEnds, shadowsHeld } from '../metrics/fleet-metrics.js';
+import { sessionEnds, shadowsHeld, sshCrypto } from '../metrics/fleet-metrics.js';
+import { sshCryptoPath } from '../ssh/crypto-path.js';
 import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
 import { ShadowSession } from '../ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../ssh/site-access.js';
@@ -75,6 +76,10 @@ export class SessionHost {
 
   static async start(deps: FleetDeps, hostId: string, connection: Redis): Promise<SessionHost> {
     const access = await openSiteAccess(deps.config);
+    const crypto = sshCryptoPath();
+    sshCrypto.set({ path: crypto.native ? 'native' : 'javascript', patched: crypto.patched ? 'yes' : 'no' }, 1);
+    if (crypto.ok) deps.log.info({ sshCrypto: crypto.description }, 'ssh crypto');
+    else deps.log.warn({ sshCrypto: crypto.description, fix: crypto.fix }, 'ssh crypto is the slow path');
     await deps.hosts.register(hostId, deps.config.Backhaul.SessionCapacity, 0);
     return new SessionHost(deps, access, hostId, connection);
   }

@@ -16,7 +16,18 @@ import { freePort, generateClientKey, knownHostsText } from '../fixtures/sshd.js
  */
 
 const BIN = new URL('../../bin/backhaul.js', import.meta.url).pathname;
-const CHECKS = ['config', 'key', 'known_hosts', 'login', 'slurm', 'node', 'forwarding', 'python', 'socket_root'];
+const CHECKS = [
+  'config',
+  'crypto',
+  'key',
+  'known_hosts',
+  'login',
+  'slurm',
+  'node',
+  'forwarding',
+  'python',
+  'socket_root',
+];
 
 interface Row {
   check: string;
@@ -43,6 +54,11 @@ function backhaul(args: string[]): Promise<Run> {
       },
     );
   });
+}
+
+/** What a run printed, for the message of a failed assertion. */
+function said(run: Run): string {
+  return `exit ${run.code}\n--- stdout\n${run.stdout}\n--- stderr\n${run.stderr}`;
 }
 
 async function doctorJson(
@@ -106,7 +122,7 @@ describe('backhaul doctor', () => {
     const { run, rows } = await doctorJson(allowing.siteConfigPath);
     expect(rows.map((r) => r.check)).toEqual(CHECKS);
     for (const row of rows) expect(row, row.check).toMatchObject({ status: 'PASS', fix: null });
-    expect(run.code).toBe(0);
+    expect(run.code, said(run)).toBe(0);
     expect(rows.find((r) => r.check === 'slurm')?.detail).toContain('partitions: debug');
     expect(rows.find((r) => r.check === 'node')?.detail).toContain('bhnode1');
     expect(rows.find((r) => r.check === 'forwarding')?.detail).toMatch(
@@ -118,20 +134,20 @@ describe('backhaul doctor', () => {
 
   it('prints an aligned table without colour when stdout is not a terminal', async () => {
     const run = await backhaul(['doctor', '--config', allowing.siteConfigPath]);
-    expect(run.code).toBe(0);
+    expect(run.code, said(run)).toBe(0);
     expect(run.stdout).not.toContain('\x1b[');
     const lines = run.stdout.split('\n');
     expect(lines[0]).toMatch(/^CHECK {8}STATUS {2}DETAIL$/);
     for (const [i, check] of CHECKS.entries()) {
       expect(lines[i + 1]).toMatch(new RegExp(`^${check.padEnd(11)}  PASS    \\S`));
     }
-    expect(run.stdout).toContain('9 passed, 0 failed, 0 skipped');
+    expect(run.stdout).toContain('10 passed, 0 failed, 0 skipped');
   });
 
   it('fails the forwarding check on the refusing site with the server reason and the fix, leaving no scratch dir', async () => {
     const before = await scratchDirs();
     const { run, by } = await doctorJson(refusing.siteConfigPath);
-    expect(run.code).toBe(1);
+    expect(run.code, said(run)).toBe(1);
     const forwarding = by.get('forwarding');
     expect(forwarding?.status).toBe('FAIL');
     expect(forwarding?.detail).toContain('Server has disabled streamlocal forwarding');
@@ -142,10 +158,10 @@ describe('backhaul doctor', () => {
     expect(await scratchDirs()).toEqual(before);
 
     const table = await backhaul(['doctor', '--config', refusing.siteConfigPath]);
-    expect(table.code).toBe(1);
+    expect(table.code, said(table)).toBe(1);
     expect(table.stdout).toMatch(/^forwarding {3}FAIL {4}the sshd on bhnode1:\d+ refused/m);
     expect(table.stdout).toMatch(/^ {21}fix: set AllowStreamLocalForwarding remote/m);
-    expect(table.stderr).toContain('1 of 9 checks failed');
+    expect(table.stderr).toContain('1 of 10 checks failed');
     expect(await scratchDirs()).toEqual(before);
   });
 
@@ -154,7 +170,7 @@ describe('backhaul doctor', () => {
     const config = await siteConfig(refusing, {}, { Sshd: 'userspace' });
     const { run, rows, by } = await doctorJson(config);
     for (const row of rows) expect(row, `${row.check}: ${row.detail}`).toMatchObject({ status: 'PASS' });
-    expect(run.code).toBe(0);
+    expect(run.code, said(run)).toBe(0);
     expect(by.get('config')?.detail).toContain('carrier userspace');
     expect(by.get('forwarding')?.detail).toMatch(
       /user-space sshd \/usr\/sbin\/sshd on bhnode1: bootstrapped in .*sshd -t accepted/,
@@ -174,7 +190,7 @@ describe('backhaul doctor', () => {
     );
     const config = await siteConfig(allowing, { KnownHostsFile: knownHosts });
     const { run, by } = await doctorJson(config);
-    expect(run.code).toBe(1);
+    expect(run.code, said(run)).toBe(1);
     expect(by.get('known_hosts')?.status).toBe('PASS');
     const login = by.get('login');
     expect(login?.status).toBe('FAIL');
@@ -191,7 +207,7 @@ describe('backhaul doctor', () => {
     const port = await freePort();
     const config = await siteConfig(allowing, { Port: port });
     const { run, by } = await doctorJson(config, ['--timeout', '10']);
-    expect(run.code).toBe(1);
+    expect(run.code, said(run)).toBe(1);
     expect(by.get('known_hosts')).toMatchObject({ status: 'FAIL' });
     expect(by.get('known_hosts')?.fix).toContain(`ssh-keyscan -p ${port} 127.0.0.1 >> `);
     const login = by.get('login');
@@ -212,7 +228,7 @@ describe('backhaul doctor', () => {
       const started = Date.now();
       const { run, by } = await doctorJson(config, ['--timeout', '3']);
       expect(Date.now() - started).toBeLessThan(15_000);
-      expect(run.code).toBe(1);
+      expect(run.code, said(run)).toBe(1);
       expect(by.get('login')?.status).toBe('FAIL');
       expect(by.get('login')?.detail).toMatch(/^unreachable: 127\.0\.0\.1:\d+: .*handshake/i);
     } finally {
@@ -226,7 +242,7 @@ describe('backhaul doctor', () => {
     try {
       const config = await siteConfig(allowing, { KeyFile: stranger.privateKeyPath });
       const { run, by } = await doctorJson(config);
-      expect(run.code).toBe(1);
+      expect(run.code, said(run)).toBe(1);
       expect(by.get('key')?.status).toBe('PASS');
       const login = by.get('login');
       expect(login?.status).toBe('FAIL');
@@ -245,7 +261,7 @@ describe('backhaul doctor', () => {
     );
     const config = await siteConfig(allowing, { KnownHostsFile: knownHosts });
     const { run, by } = await doctorJson(config);
-    expect(run.code).toBe(1);
+    expect(run.code, said(run)).toBe(1);
     expect(by.get('login')?.status).toBe('PASS');
     const node = by.get('node');
     expect(node?.status).toBe('FAIL');
@@ -261,7 +277,7 @@ describe('backhaul doctor', () => {
     await chmod(key, 0o644);
     const config = await siteConfig(allowing, { KeyFile: key });
     const { run, by } = await doctorJson(config);
-    expect(run.code).toBe(1);
+    expect(run.code, said(run)).toBe(1);
     expect(by.get('key')).toMatchObject({ status: 'FAIL', fix: `chmod 600 ${key}` });
     expect(by.get('key')?.detail).toContain('mode 0644');
     expect(by.get('login')?.status).toBe('PASS');
@@ -270,7 +286,7 @@ describe('backhaul doctor', () => {
   it('skips the ssh-to-node checks in srun mode, saying why', async () => {
     const config = await siteConfig(allowing, {}, { Sshd: 'userspace', NodeExec: 'srun' });
     const { run, by } = await doctorJson(config);
-    expect(run.code).toBe(0);
+    expect(run.code, said(run)).toBe(0);
     expect(by.get('slurm')?.status).toBe('PASS');
     for (const check of ['node', 'forwarding', 'python', 'socket_root']) {
       expect(by.get(check), check).toMatchObject({ status: 'SKIP' });
@@ -281,11 +297,11 @@ describe('backhaul doctor', () => {
   it('exits 2 naming the key of a bad configuration', async () => {
     const config = await siteConfig(allowing, {}, { Sshd: 'bogus' });
     const run = await backhaul(['doctor', '--config', config]);
-    expect(run.code).toBe(2);
+    expect(run.code, said(run)).toBe(2);
     expect(run.stdout).toBe('');
     expect(run.stderr).toContain(`${config}: Network.SSH.Reverse.Sshd`);
     const usage = await backhaul(['doctor', '--config', config, '--node', 'not a host']);
-    expect(usage.code).toBe(2);
+    expect(usage.code, said(usage)).toBe(2);
     expect(usage.stderr).toContain('--node');
   });
 });

@@ -7,6 +7,7 @@ export type CheckStatus = 'PASS' | 'FAIL' | 'SKIP';
 
 export type CheckName =
   | 'config'
+  | 'crypto'
   | 'key'
   | 'known_hosts'
   | 'login'

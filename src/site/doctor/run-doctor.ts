@@ -11,6 +11,7 @@ import {
   pass,
   skip,
 } from './check-result.js';
+import { checkCrypto } from './crypto-check.js';
 import { acceptsAnyLoginKey, type DoctorContext } from './doctor-context.js';
 import { CLEANUP_MS, checkNodeForwarding } from './forwarding-check.js';
 import { checkKey } from './key-check.js';
@@ -53,6 +54,7 @@ const needNode = (ctx: DoctorContext, srunReason: string) => {
 };
 
 const STEPS: readonly Step[] = [
+  { name: 'crypto', run: checkCrypto },
   { name: 'key', run: checkKey },
   { name: 'known_hosts', run: checkKnownHosts },
   {

@@ -1,0 +1,186 @@
+/**
+ * What the benchmarks share: sizes from the environment, a cleanup list run on any exit (signals too),
+ * child processes that die with the benchmark (PR_SET_PDEATHSIG), timeouts and small statistics.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { stat } from 'node:fs/promises';
+import { fileURLToPath } from 'node:url';
+import { type TestUser, userEnv } from '../test/fixtures/users.js';
+
+export const MiB = 1024 * 1024;
+export const ROOT = fileURLToPath(new URL('..', import.meta.url));
+/** The job user's python (pyenv shims under /root are not reachable for bhjob). */
+export const PYTHON = '/usr/bin/python3';
+
+let prefix = 'bench';
+/** Progress lines on stderr, prefixed with the benchmark's name. */
+export const say = (line: string) => process.stderr.write(`${prefix}: ${line}\n`);
+export function benchName(name: string): void {
+  prefix = name;
+}
+
+export function parseBytes(text: string | undefined, fallback: number): number {
+  if (text === undefined || text.trim() === '') return fallback;
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([KMG]?)i?B?\s*$/i.exec(text);
+  if (!m) throw new Error(`bad size ${JSON.stringify(text)} (e.g. 1073741824, 256M, 1G)`);
+  const unit = { '': 1, K: 1024, M: MiB, G: 1024 * MiB }[(m[2] ?? '').toUpperCase()] ?? 1;
+  return Math.round(Number(m[1]) * unit);
+}
+
+// ------------------------------------------------------------------------------------------ cleanup
+
+const cleanups: { what: string; fn: () => Promise<unknown> | unknown }[] = [];
+export function onCleanup(what: string, fn: () => Promise<unknown> | unknown): void {
+  cleanups.push({ what, fn });
+}
+let cleaning: Promise<void> | undefined;
+export function cleanupAll(): Promise<void> {
+  cleaning ??= (async () => {
+    while (cleanups.length > 0) {
+      const step = cleanups.pop();
+      if (!step) break;
+      try {
+        await withTimeout(Promise.resolve(step.fn()), 20_000, `cleanup: ${step.what}`);
+      } catch (err) {
+        say(`cleanup of ${step.what} failed: ${(err as Error).message}`);
+      }
+    }
+  })();
+  return cleaning;
+}
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
+  process.once(signal, () => {
+    say(`${signal}: cleaning up`);
+    void cleanupAll().finally(() => process.exit(130));
+  });
+}
+
+export function withTimeout<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: timed out after ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+// ------------------------------------------------------------------------------------------ children
+
+export interface Child {
+  name: string;
+  proc: ChildProcess;
+  pid: number;
+  stdout(): string;
+  stderr(): string;
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  /** Resolves with the first stdout line that matches; rejects if the child exits first. */
+  line(match: RegExp, timeoutMs: number): Promise<string>;
+  stop(): Promise<void>;
+}
+
+const children = new Set<Child>();
+onCleanup('child processes', async () => {
+  await Promise.all([...children].map((c) => c.stop()));
+});
+
+/**
+ * Spawns through setpriv with PR_SET_PDEATHSIG: a child dies with this process even after a SIGKILL.
+ * With USER it runs as that user (real and effective ids, the user's groups, a login-like env).
+ */
+export function start(name: string, command: string, args: readonly string[], user?: TestUser): Child {
+  const ids = user ? [`--reuid=${user.uid}`, `--regid=${user.gid}`, '--init-groups'] : [];
+  const proc = spawn('setpriv', ['--pdeathsig', 'KILL', ...ids, '--', command, ...args], {
+    cwd: user ? user.home : ROOT,
+    env: user ? userEnv(user) : process.env,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  let err = '';
+  const waiters: (() => void)[] = [];
+  proc.stdout?.setEncoding('utf8').on('data', (s: string) => {
+    out += s;
+    for (const w of waiters.splice(0)) w();
+  });
+  proc.stderr?.setEncoding('utf8').on('data', (s: string) => {
+    err = (err + s).slice(-20_000);
+  });
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => {
+    proc.once('error', (e) => {
+      err += `spawn error: ${e.message}`;
+      resolve({ code: null, signal: null });
+    });
+    proc.once('close', (code, signal) => resolve({ code, signal }));
+  });
+  let done = false;
+  const child: Child = {
+    name,
+    proc,
+    pid: proc.pid ?? -1,
+    stdout: () => out,
+    stderr: () => err,
+    exited,
+    line: (match, timeoutMs) =>
+      withTimeout(
+        new Promise<string>((resolve, reject) => {
+          const look = () => {
+            const found = out.split('\n').find((l) => match.test(l));
+            if (found !== undefined) return resolve(found);
+            if (done) return reject(new Error(`${name} exited: ${err.trim().split('\n').slice(-5).join(' | ')}`));
+            waiters.push(look);
+          };
+          void exited.then(() => {
+            done = true;
+            look();
+          });
+          look();
+        }),
+        timeoutMs,
+        `${name}: waiting for ${match}`,
+      ),
+    stop: async () => {
+      if (!done && proc.exitCode === null && proc.signalCode === null) {
+        proc.kill('SIGTERM');
+        const killer = setTimeout(() => proc.kill('SIGKILL'), 3_000);
+        await exited;
+        clearTimeout(killer);
+      }
+      children.delete(child);
+    },
+  };
+  void exited.then(() => {
+    done = true;
+    children.delete(child);
+    for (const w of waiters.splice(0)) w();
+  });
+  children.add(child);
+  return child;
+}
+
+// ------------------------------------------------------------------------------------------ CPU accounting
+
+export async function waitForSocket(path: string, timeoutMs: number, alive: () => boolean): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const st = await stat(path).catch(() => undefined);
+    if (st?.isSocket()) return;
+    if (!alive()) throw new Error(`the process that should bind ${path} exited`);
+    if (Date.now() > deadline) throw new Error(`${path} did not appear within ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+export const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2;
+};
+export const best = (xs: number[]) => Math.max(...xs);
+export const pad = (s: string, n: number) => (s.length >= n ? s : s + ' '.repeat(n - s.length));
+export const lpad = (s: string, n: number) => (s.length >= n ? s : ' '.repeat(n - s.length) + s);
+
+export function commandExists(name: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const p = spawn('sh', ['-c', `command -v ${name}`], { stdio: 'ignore' });
+    p.once('close', (code) => resolve(code === 0));
+    p.once('error', () => resolve(false));
+  });
+}
