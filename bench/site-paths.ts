@@ -95,7 +95,7 @@ export async function openBackhaulForwards(
   const { mode } = opts;
   const lease: LoginLease = await access.pool.acquire(mode === 'srun' ? 1 : 0);
   onCleanup(`${mode} login lease`, () => lease.release());
-  const carrier = await openCarrier(lease.client, access.carrier, {
+  const carrier = await openCarrier(lease.hop, access.carrier, {
     mode,
     job: { jobId: opts.jobId ?? '0', batchHost: site.nodeHost },
     socketDir: opts.socketDir,

@@ -4,7 +4,7 @@ import { type BatchJob, carrierCommands } from '../render/carrier-command.js';
 import { BOOTSTRAP_EXIT, HOSTKEY_PREFIX, renderBootstrap } from '../render/userspace-sshd.js';
 import type { CarrierMode } from '../spec/carrier-mode.js';
 import { type KnownHostEntry, verifyHostKey } from './known-hosts.js';
-import { execCapture, openExec } from './remote-exec.js';
+import { type LoginHop, sshLoginHop } from './login-hop.js';
 import { SessionError } from './session-error.js';
 import { connectSsh, type ServerMessages } from './ssh-connect.js';
 
@@ -42,7 +42,7 @@ export interface Carrier {
  * The user-space sshd gets a fresh host key per attempt, pinned from the bootstrap's output, and
  * authorizes a fresh client key made here: nothing long-lived is left on the node.
  */
-export async function openCarrier(login: Client, site: CarrierSite, req: CarrierRequest): Promise<Carrier> {
+export async function openCarrier(login: LoginHop, site: CarrierSite, req: CarrierRequest): Promise<Carrier> {
   const commands = carrierCommands(
     req.mode,
     { sshdPath: site.sshdPath, socketDir: req.socketDir, nodeSshPort: site.nodeSshPort },
@@ -54,11 +54,11 @@ export async function openCarrier(login: Client, site: CarrierSite, req: Carrier
       const { client, serverMessages } = await jumpToNode(login, site, commands.nodeTarget);
       return carrier(req.mode, client, serverMessages, hops);
     }
-    let execOn = login;
+    let execOn: Pick<LoginHop, 'exec' | 'run'> = login;
     if (commands.mode === 'userspace') {
       const node = await jumpToNode(login, site, commands.nodeTarget);
       hops.push(node.client);
-      execOn = node.client;
+      execOn = sshLoginHop(node.client);
     }
     const clientKey = ssh2.utils.generateKeyPairSync('ed25519');
     const hostKey = await bootstrap(execOn, commands.bootstrapCommand, {
@@ -68,7 +68,7 @@ export async function openCarrier(login: Client, site: CarrierSite, req: Carrier
       socksPort: req.socksPort,
       clientAliveIntervalS: Math.max(1, Math.round(site.keepaliveIntervalMs / 1000)),
     });
-    const channel = await openExec(execOn, commands.sshdCommand);
+    const channel = await execOn.exec(commands.sshdCommand);
     const sshdLog: string[] = [];
     channel.stderr.on('data', (chunk: Buffer) => {
       if (sshdLog.length < 50) sshdLog.push(chunk.toString('utf8').trim());
@@ -80,7 +80,7 @@ export async function openCarrier(login: Client, site: CarrierSite, req: Carrier
         port: 0,
         username: site.user,
         privateKey: clientKey.private,
-        sock: channel as unknown as Duplex,
+        sock: channel.stream,
         keepaliveIntervalMs: site.keepaliveIntervalMs,
         verifyHostKey: (key) =>
           key.equals(hostKey) ? { ok: true } : { ok: false, reason: 'mismatch', name: 'the bootstrapped host key' },
@@ -128,25 +128,11 @@ function carrier(mode: CarrierMode, client: Client, serverMessages: ServerMessag
 }
 
 async function jumpToNode(
-  login: Client,
+  login: LoginHop,
   site: CarrierSite,
   target: { host: string; port: number },
 ): Promise<{ client: Client; serverMessages: ServerMessages }> {
-  const channel = await new Promise<Duplex>((resolve, reject) => {
-    login.forwardOut('127.0.0.1', 0, target.host, target.port, (err, stream) => {
-      if (err) {
-        reject(
-          new SessionError(
-            'carrier-lost',
-            `the login node could not reach ${target.host}:${target.port}: ${err.message}`,
-            {
-              cause: err,
-            },
-          ),
-        );
-      } else resolve(stream as unknown as Duplex);
-    });
-  });
+  const channel: Duplex = await login.jump(target.host, target.port);
   return connectSsh({
     label: `node sshd ${target.host}:${target.port}`,
     host: target.host,
@@ -164,8 +150,12 @@ const BOOTSTRAP_KIND: Readonly<Record<number, SessionError['kind']>> = {
 };
 
 /** Runs the bootstrap; returns the fresh host key's wire blob to pin. */
-async function bootstrap(on: Client, command: string, input: Parameters<typeof renderBootstrap>[0]): Promise<Buffer> {
-  const result = await execCapture(on, command, { stdin: renderBootstrap(input), timeoutMs: 60_000 });
+async function bootstrap(
+  on: Pick<LoginHop, 'run'>,
+  command: string,
+  input: Parameters<typeof renderBootstrap>[0],
+): Promise<Buffer> {
+  const result = await on.run(command, { stdin: renderBootstrap(input), timeoutMs: 60_000 });
   const line = result.stdout.split('\n').find((l) => l.startsWith(`${HOSTKEY_PREFIX} `));
   if (result.code !== 0 || !line) {
     const why = result.stderr.trim().split('\n').slice(-3).join(' | ') || `exit status ${result.code}`;

@@ -1,9 +1,11 @@
 import type { Client } from 'ssh2';
+import { type LoginHop, type LoginHopLease, type LoginHops, sshLoginHop } from './login-hop.js';
 import { connectSsh, type ServerMessages, type SshTarget } from './ssh-connect.js';
 
 interface PooledLogin {
   client: Client;
   serverMessages: ServerMessages;
+  hop: LoginHop;
   /** Exec channels held (they count against the login sshd's MaxSessions; jump channels do not). */
   sessions: number;
   users: number;
@@ -11,7 +13,7 @@ interface PooledLogin {
   idleTimer: NodeJS.Timeout | undefined;
 }
 
-export interface LoginLease {
+export interface LoginLease extends LoginHopLease {
   client: Client;
   serverMessages: ServerMessages;
   /** Gives back the session slots and the connection; idempotent. */
@@ -23,7 +25,7 @@ export interface LoginLease {
  * channels on the login node (srun) reserves them, so no connection goes over MaxSessions; an idle
  * connection is closed.
  */
-export class LoginPool {
+export class LoginPool implements LoginHops {
   private readonly logins: PooledLogin[] = [];
   private pending: Promise<PooledLogin> | undefined;
 
@@ -45,6 +47,7 @@ export class LoginPool {
     return {
       client: login.client,
       serverMessages: login.serverMessages,
+      hop: login.hop,
       release: () => {
         if (released) return;
         released = true;
@@ -80,7 +83,15 @@ export class LoginPool {
 
   private async open(): Promise<PooledLogin> {
     const { client, serverMessages } = await connectSsh(this.target);
-    const login: PooledLogin = { client, serverMessages, sessions: 0, users: 0, closed: false, idleTimer: undefined };
+    const login: PooledLogin = {
+      client,
+      serverMessages,
+      hop: sshLoginHop(client),
+      sessions: 0,
+      users: 0,
+      closed: false,
+      idleTimer: undefined,
+    };
     const drop = () => {
       login.closed = true;
       const at = this.logins.indexOf(login);

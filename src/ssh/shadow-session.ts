@@ -9,10 +9,9 @@ import {
 } from '../render/node-scripts.js';
 import type { SessionPlan } from '../render/session-plan.js';
 import type { SlurmJob } from '../site/slurm-job.js';
-import { findPodJob } from '../site/slurm-queries.js';
 import { type Carrier, type CarrierSite, openCarrier } from './carrier.js';
 import type { HostAliases } from './host-aliases.js';
-import type { LoginLease, LoginPool } from './login-pool.js';
+import type { LoginHopLease, LoginHops } from './login-hop.js';
 import { execCapture, openExec } from './remote-exec.js';
 import { type ForwardLog, type ForwardStats, ReverseForwards } from './reverse-forwards.js';
 import { isSessionError, SessionError } from './session-error.js';
@@ -35,7 +34,8 @@ export type ShadowEnd =
 
 export interface ShadowSessionOptions {
   plan: SessionPlan;
-  pool: LoginPool;
+  /** The session host's LoginPool, or in a tunnel thread its proxy (tunnel-thread.ts). */
+  pool: LoginHops;
   site: CarrierSite;
   onPhase: (phase: ShadowPhase) => void;
   log: ForwardLog & { info(message: string, detail?: Record<string, unknown>): void };
@@ -61,7 +61,7 @@ const LOGIN_SESSIONS = { node: 0, userspace: 0, srun: 1 } as const;
  */
 export class ShadowSession {
   private readonly abort = new AbortController();
-  private login: LoginLease | undefined;
+  private login: LoginHopLease | undefined;
   private carrier: Carrier | undefined;
   private forwards: ReverseForwards | undefined;
   private socks: SocksForward | undefined;
@@ -163,7 +163,7 @@ export class ShadowSession {
 
   private async jobNow(): Promise<SlurmJob | undefined> {
     if (!this.login) return undefined;
-    return findPodJob(this.login.client, this.opts.site.user, this.opts.plan.uid);
+    return this.login.hop.findJob(this.opts.site.user, this.opts.plan.uid);
   }
 
   private async waitForBatchHost(): Promise<SlurmJob> {
@@ -197,7 +197,7 @@ export class ShadowSession {
       const login = this.login;
       if (!login) throw new SessionError('closed', 'closed');
       try {
-        const carrier = await openCarrier(login.client, site, {
+        const carrier = await openCarrier(login.hop, site, {
           mode: plan.carrier.mode,
           job,
           socketDir: plan.socketDir,

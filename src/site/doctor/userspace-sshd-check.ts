@@ -1,5 +1,6 @@
 import { shellQuote } from '../../render/shell-quote.js';
 import { type Carrier, openCarrier } from '../../ssh/carrier.js';
+import { sshLoginHop } from '../../ssh/login-hop.js';
 import { isSessionError } from '../../ssh/session-error.js';
 import { bounded, type CheckResult, errorMessage, fail, lastLines, pass } from './check-result.js';
 import { type DoctorContext, socketRoot } from './doctor-context.js';
@@ -90,7 +91,7 @@ async function startAndForward(
       `starting the user-space sshd on ${nodeName}`,
       left(),
       openCarrier(
-        login.client,
+        sshLoginHop(login.client),
         {
           user: ssh.User,
           privateKey: ctx.privateKey ?? '',

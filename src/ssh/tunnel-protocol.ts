@@ -1,0 +1,63 @@
+import type { SessionPlan } from '../render/session-plan.js';
+import type { SlurmJob } from '../site/slurm-job.js';
+import type { CarrierSite } from './carrier.js';
+import type { HostAliases } from './host-aliases.js';
+import type { RunOptions } from './login-hop.js';
+import type { ExecResult } from './remote-exec.js';
+import type { ShadowEnd, ShadowPhase } from './shadow-session.js';
+
+/**
+ * The messages between a session host and its tunnel threads (tunnel-threads.ts, tunnel-thread.ts).
+ * The session host keeps the login connections (the outer SSH layer of every tunnel); a thread runs
+ * shadows (carrier, forwards, endpoint sockets: the inner layer). A login channel a thread uses as a
+ * byte stream (a jump, `sshd -i`) reaches it through a unix socket (hop-pipes.ts); the rest are calls.
+ * Every message is structured-cloned: plain data only.
+ */
+
+/** What a thread needs to run one shadow (ShadowSessionOptions without the callbacks and the pool). */
+export interface ShadowStart {
+  plan: SessionPlan;
+  site: CarrierSite;
+  nodeWaitTimeoutMs: number;
+  socketCheckMs?: number;
+  jobPollMs?: number;
+  preludeWaitMs?: number;
+  hostAliases?: HostAliases;
+}
+
+/** The login hop's methods, as calls from a thread to the session host. */
+export type HopCall =
+  | { method: 'acquire'; sessions: number }
+  | { method: 'release'; lease: number }
+  | { method: 'jump'; lease: number; host: string; port: number }
+  | { method: 'exec'; lease: number; command: string }
+  | { method: 'run'; lease: number; command: string; opts: RunOptions }
+  | { method: 'findJob'; lease: number; user: string; jobName: string };
+
+export type HopValue = { lease: number } | { pipe: string } | ExecResult | { job: SlurmJob | undefined } | null;
+
+/** An error crossing the thread boundary, rebuilt as a SessionError when it had a kind. */
+export interface WireError {
+  message: string;
+  kind?: string;
+}
+
+export type ToThread =
+  | { type: 'start'; id: string; shadow: ShadowStart }
+  | { type: 'close'; id: string; reason: string }
+  | { type: 'reply'; call: number; ok: true; value: HopValue }
+  | { type: 'reply'; call: number; ok: false; error: WireError }
+  /** stderr of an exec pipe (what the user-space sshd says when it does not start). */
+  | { type: 'stderr'; pipe: string; data: Uint8Array };
+
+export type FromThread =
+  | { type: 'ready' }
+  | { type: 'phase'; id: string; phase: ShadowPhase }
+  | { type: 'end'; id: string; end: ShadowEnd }
+  | { type: 'log'; id: string; level: 'info' | 'warn'; message: string; detail?: Record<string, unknown> }
+  | { type: 'call'; call: number; request: HopCall };
+
+/** Where a thread connects for its byte pipes (a unix socket in a 0700 directory of the session host). */
+export interface TunnelThreadData {
+  pipeSocket: string;
+}
