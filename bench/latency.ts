@@ -7,8 +7,10 @@
  *   direct  loopback TCP to the server (no tunnel);
  *   (b)     OpenSSH `ssh -J bh-login -N -R <sock>:127.0.0.1:<port> bhjob@bhnode1`;
  *   (b+r)   (b) behind src/render/relay.py on the pod's 127.x.y.z address (what a workload dials);
- *   (c)     backhaul's node carrier (login jump -> node sshd) and its reverse forwards;
- *   (c+r)   (c) behind the relay.
+ *   (c)     backhaul as the fleet runs it: the pod's job starts with the real prelude (socket dir, relay), a
+ *           shadow in a tunnel thread opens the node carrier (login jump -> node sshd) and binds the forwards;
+ *   (c+r)   (c) behind the prelude's relay;
+ *   (c1), (c1+r)  the same with the carrier on the session host's own thread (TunnelThreads 0).
  * Measures, interleaved over BENCH_REPEAT rounds so that drifting load hits every path alike:
  *   seq     sequential 64-byte ping-pongs on one connection (µs per round trip, p50/p99);
  *   conc8, conc32  8 / 32 connections, one 64-byte request in flight each (requests/s, p50/p99);
@@ -18,7 +20,8 @@
  * at the end; nothing is left behind, also on SIGINT/SIGTERM.
  *
  * Environment: BENCH_REPEAT (3), BENCH_SEQ_COUNT (5000 round trips), BENCH_CONC_SECONDS (5),
- * BENCH_PG_SECONDS (10), BENCH_REDIS_REQUESTS (100000), BENCH_PATHS (direct,b,br,c,cr),
+ * BENCH_PG_SECONDS (10), BENCH_REDIS_REQUESTS (100000), BENCH_PATHS (direct,b,br,c,cr,c1,c1r),
+ * BENCH_TUNNEL_THREADS (for (c); default as "auto"),
  * BENCH_KINDS (seq,conc8,conc32,pgbench,redis), BENCH_JSON (write every sample to this file).
  * Results and their reading: docs/PERFORMANCE.md ("Round trips").
  */
@@ -26,9 +29,8 @@ import { chmodSync, chownSync } from 'node:fs';
 import { copyFile, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseSiteConfig } from '../src/spec/site-config.js';
 import { sshCryptoPath } from '../src/ssh/crypto-path.js';
-import { openSiteAccess } from '../src/ssh/site-access.js';
+import { autoTunnelThreads } from '../src/ssh/tunnel-threads.js';
 import { startLoopbackSite } from '../test/fixtures/loopback-site.js';
 import { freePort } from '../test/fixtures/sshd.js';
 import { lookupUser, type TestUser } from '../test/fixtures/users.js';
@@ -45,7 +47,8 @@ import {
   start,
   withTimeout,
 } from './harness.js';
-import { type Forward, openBackhaulForwards, openSshReverse, PINNED_CIPHER, startRelay } from './site-paths.js';
+import { openShadowTunnel, startShadowHost } from './shadow-path.js';
+import { type Forward, openSshReverse, PINNED_CIPHER, startRelay } from './site-paths.js';
 
 benchName('bench:latency');
 
@@ -54,9 +57,13 @@ const SEQ_COUNT = Math.max(100, Number(process.env.BENCH_SEQ_COUNT ?? 5000));
 const CONC_SECONDS = Math.max(1, Number(process.env.BENCH_CONC_SECONDS ?? 5));
 const PG_SECONDS = Math.max(2, Number(process.env.BENCH_PG_SECONDS ?? 10));
 const REDIS_REQUESTS = Math.max(1000, Number(process.env.BENCH_REDIS_REQUESTS ?? 100_000));
-const PATHS = new Set((process.env.BENCH_PATHS ?? 'direct,b,br,c,cr').split(',').map((p) => p.trim()));
+const PATHS = new Set((process.env.BENCH_PATHS ?? 'direct,b,br,c,cr,c1,c1r').split(',').map((p) => p.trim()));
 const KINDS = new Set((process.env.BENCH_KINDS ?? 'seq,conc8,conc32,pgbench,redis').split(',').map((k) => k.trim()));
 const PG_BIN = '/usr/lib/postgresql/15/bin';
+const TUNNEL_THREADS =
+  process.env.BENCH_TUNNEL_THREADS === undefined || process.env.BENCH_TUNNEL_THREADS === 'auto'
+    ? autoTunnelThreads()
+    : Number(process.env.BENCH_TUNNEL_THREADS);
 
 type Kind = 'seq' | 'conc8' | 'conc32' | 'pgbench' | 'redis';
 type Service = 'echo' | 'pg' | 'redis';
@@ -290,32 +297,41 @@ async function main(): Promise<void> {
   if (PATHS.has('direct'))
     paths.push({ key: 'direct', label: 'direct loopback TCP', endpoints: tcp('127.0.0.1', (s) => ports[s]) });
 
-  const tunnel = async (key: 'b' | 'c') => {
-    const dir = join(work, key);
+  const sshTunnel = async () => {
+    const dir = join(work, 'b');
     await mkdir(dir, { mode: 0o700 });
     chownSync(dir, user.uid, user.gid);
     const forwards: Forward[] = services.map((s) => ({ socket: join(dir, `${s}.sock`), port: ports[s] }));
-    if (key === 'b') {
-      await openSshReverse(site, work, user, forwards);
-    } else {
-      const config = parseSiteConfig({
-        Network: { SSH: { ...site.siteConfig.Network.SSH } },
-        Backhaul: { KeepaliveInterval: '2s' },
-      });
-      const access = await openSiteAccess(config);
-      onCleanup('login pool', () => access.pool.close());
-      await openBackhaulForwards(access, site, { mode: 'node', socketDir: dir, forwards });
-    }
-    const name = key === 'b' ? '(b) OpenSSH ssh -J -R' : '(c) backhaul node carrier';
-    if (PATHS.has(key)) paths.push({ key, label: name, endpoints: unix((s) => join(dir, `${s}.sock`)) });
-    if (PATHS.has(`${key}r`)) {
+    await openSshReverse(site, work, user, forwards);
+    const name = '(b) OpenSSH ssh -J -R';
+    if (PATHS.has('b')) paths.push({ key: 'b', label: name, endpoints: unix((s) => join(dir, `${s}.sock`)) });
+    if (PATHS.has('br')) {
       const relay = await startRelay(user, relayPath, dir, forwards);
       const relayPort = (s: Service) => relay.ports[services.indexOf(s)] ?? 0;
-      paths.push({ key: `${key}r`, label: `${name} + relay`, endpoints: tcp(relay.address, relayPort) });
+      paths.push({ key: 'br', label: `${name} + relay`, endpoints: tcp(relay.address, relayPort) });
     }
   };
-  if (PATHS.has('b') || PATHS.has('br')) await tunnel('b');
-  if (PATHS.has('c') || PATHS.has('cr')) await tunnel('c');
+  /** A pod as the fleet runs it: its job's prelude starts the relay, a shadow binds the forwards. */
+  const backhaulTunnel = async (key: 'c' | 'c1', threads: number, name: string) => {
+    const host = await startShadowHost(site, threads);
+    const tunnel = await openShadowTunnel(
+      host,
+      services.map((s) => ports[s]),
+    );
+    const at = (s: Service) => services.indexOf(s);
+    if (PATHS.has(key)) paths.push({ key, label: name, endpoints: unix((s) => tunnel.sockets[at(s)] ?? '') });
+    if (PATHS.has(`${key}r`)) {
+      paths.push({
+        key: `${key}r`,
+        label: `${name} + relay`,
+        endpoints: tcp(tunnel.address, (s) => tunnel.ports[at(s)] ?? 0),
+      });
+    }
+  };
+  if (PATHS.has('b') || PATHS.has('br')) await sshTunnel();
+  if (PATHS.has('c') || PATHS.has('cr'))
+    await backhaulTunnel('c', TUNNEL_THREADS, `(c) backhaul, tunnel thread (${TUNNEL_THREADS})`);
+  if (PATHS.has('c1') || PATHS.has('c1r')) await backhaulTunnel('c1', 0, '(c1) backhaul, one thread');
   say(`set up in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
 
   const kinds = (['seq', 'conc8', 'conc32', 'pgbench', 'redis'] as const).filter((k) => KINDS.has(k));
@@ -323,7 +339,7 @@ async function main(): Promise<void> {
   for (const kind of kinds) {
     for (const path of paths) {
       // Real clients speak TCP: the unix-socket rows only serve to show what the relay costs.
-      if ((kind === 'pgbench' || kind === 'redis') && (path.key === 'b' || path.key === 'c')) continue;
+      if ((kind === 'pgbench' || kind === 'redis') && ['b', 'c', 'c1'].includes(path.key)) continue;
       rows.push({ kind, path, samples: [] });
     }
   }
@@ -425,6 +441,9 @@ function report(rows: Row[]): string {
   ratio('relay: (b+r) / (b)', 'seq', 'br', 'b', 'p50', { op: '<=', value: 1.15 });
   ratio('relay: (c+r) / (c)', 'conc8', 'cr', 'c', 'rps', { op: '>=', value: 0.85 });
   ratio('relay: (c+r) / (c)', 'conc32', 'cr', 'c', 'rps', { op: '>=', value: 0.85 });
+  ratio('tunnel thread / one thread: (c+r) / (c1+r)', 'seq', 'cr', 'c1r', 'p50', undefined);
+  ratio('tunnel thread / one thread: (c+r) / (c1+r)', 'conc32', 'cr', 'c1r', 'rps', undefined);
+  ratio('tunnel thread / one thread: (c+r) / (c1+r)', 'pgbench', 'cr', 'c1r', 'rps', undefined);
   return out.join('\n');
 }
 

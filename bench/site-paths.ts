@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { bindAddress } from '../src/spec/derivations.js';
 import { type Carrier, openCarrier } from '../src/ssh/carrier.js';
 import type { LoginLease } from '../src/ssh/login-pool.js';
-import { type EndpointTuning, type ForwardTarget, ReverseForwards } from '../src/ssh/reverse-forwards.js';
+import { type ForwardTarget, ReverseForwards } from '../src/ssh/reverse-forwards.js';
 import type { SiteAccess } from '../src/ssh/site-access.js';
 import type { LoopbackSite } from '../test/fixtures/loopback-site.js';
 import { freePort, isAlive } from '../test/fixtures/sshd.js';
@@ -89,7 +89,6 @@ export async function openBackhaulForwards(
     jobId?: string;
     socketDir: string;
     forwards: readonly Forward[];
-    tuning?: EndpointTuning;
   },
 ): Promise<BackhaulTunnel> {
   const { mode } = opts;
@@ -110,9 +109,7 @@ export async function openBackhaulForwards(
   const log = {
     warn: (m: string, d?: Record<string, unknown>) => say(`forward warning: ${m} ${JSON.stringify(d ?? {})}`),
   };
-  const forwards = new ReverseForwards(carrier.client, targets, carrier.serverMessages, log, {
-    ...(opts.tuning ? { endpointTuning: opts.tuning } : {}),
-  });
+  const forwards = new ReverseForwards(carrier.client, targets, carrier.serverMessages, log);
   await forwards.establish();
   onCleanup(`${mode} forwards`, async () => {
     await forwards.cancel();

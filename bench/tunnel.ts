@@ -1,38 +1,11 @@
-/**
- * Tunnel throughput, side by side in one run (DESIGN §6): `npm run bench:tunnel`.
- *
- * On the loopback site (real login sshd + node sshd `bhnode1`, real Slurm; both sshds accept only
- * aes128-gcm@openssh.com, so ssh2 and OpenSSH use the same cipher on every hop) it moves BENCH_BYTES
- * from a client process running as the job user into a TCP sink on the cluster side (upload) and
- * back (download), through:
- *   (a)  a unix socket whose server pipes to the sink (Node pipe; socat too when installed): the copy itself;
- *   (b)  OpenSSH `ssh -F <site ssh_config> -J bh-login -N -R <sock>:127.0.0.1:<sink> bhjob@bhnode1`;
- *   (c)  backhaul's node carrier: openCarrier (login jump -> node sshd) + ReverseForwards;
- *   (d)  (c) behind src/render/relay.py (the client connects to the relay's 127.x.y.z address);
- *   (e)  backhaul's srun carrier vs raw `srun -u --overlap --jobid=J -w bhnode1 -N1 -n1` steps (BENCH_SRUN_BYTES).
- * Uploads are hashed (sha256) by the sink and compared with what was sent: a figure counts only correct bytes.
- *
- * Environment: BENCH_BYTES (1G), BENCH_SRUN_BYTES (min(128M, BENCH_BYTES)), BENCH_REPEAT (3),
- * BENCH_DIRECTIONS (up,down), BENCH_PATHS (a,a2,b,c,d,e; all by default), BENCH_WARMUP (16M),
- * BENCH_JSON (write every sample to this file), BENCH_EXPERIMENT (extra rows next to (c), each on its own
- * carrier: `BATCH[:HWM[:LOGIN]]` runs ReverseForwards with `endpointTuning` BATCH off|tick|immediate,
- * the endpoint socket's highWaterMark HWM and LOGIN nodelay|tick|immediate for an own login socket;
- * `split` puts the login hop in an OpenSSH `ssh -W` process). Sizes take K/M/G suffixes (binary).
- * Results and their reading: docs/PERFORMANCE.md.
- */
-import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { chmodSync, chownSync, readdirSync, readFileSync } from 'node:fs';
-import { copyFile, mkdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Duplex } from 'node:stream';
 import { parseSiteConfig } from '../src/spec/site-config.js';
-import { verifyHostKey } from '../src/ssh/known-hosts.js';
-import type { LoginPool } from '../src/ssh/login-pool.js';
-import { type EndpointTuning, ReverseForwards } from '../src/ssh/reverse-forwards.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
-import { connectSsh } from '../src/ssh/ssh-connect.js';
+import { autoTunnelThreads } from '../src/ssh/tunnel-threads.js';
 import { type LoopbackSite, startLoopbackSite } from '../test/fixtures/loopback-site.js';
 import { sbatch, scancel, waitForState } from '../test/fixtures/slurm.js';
 import { descendantsOf, isAlive } from '../test/fixtures/sshd.js';
@@ -55,15 +28,8 @@ import {
   waitForSocket,
   withTimeout,
 } from './harness.js';
-import { loginSocket } from './login-socket.js';
-import {
-  CIPHER,
-  openBackhaulForwards,
-  openSshReverse,
-  PINNED_CIPHER,
-  pinnedSshConfig,
-  startRelay,
-} from './site-paths.js';
+import { openShadowTunnel, type ShadowHost, type ShadowTunnel, startShadowHost } from './shadow-path.js';
+import { CIPHER, openBackhaulForwards, openSshReverse, PINNED_CIPHER } from './site-paths.js';
 
 const PEER_SOURCE = join(ROOT, 'bench', 'tunnel_peer.py');
 const PIPE = join(ROOT, 'bench', 'tunnel-pipe.ts');
@@ -83,15 +49,17 @@ const SRUN_BYTES = parseBytes(process.env.BENCH_SRUN_BYTES, Math.min(128 * MiB, 
 const WARMUP = parseBytes(process.env.BENCH_WARMUP, 16 * MiB);
 const REPEAT = Math.max(1, Number(process.env.BENCH_REPEAT ?? 3));
 const DIRECTIONS = (process.env.BENCH_DIRECTIONS ?? 'up,down').split(',').map((d) => d.trim()) as Direction[];
-const PATHS = new Set((process.env.BENCH_PATHS ?? 'a,a2,b,c,d,e').split(',').map((p) => p.trim()));
-const EXPERIMENTS = (process.env.BENCH_EXPERIMENT ?? '')
-  .split(',')
-  .map((e) => e.trim())
-  .filter((e) => e !== '');
-if (EXPERIMENTS.length > 0) PATHS.add('x');
+const PATHS = new Set((process.env.BENCH_PATHS ?? 'a,a2,b,c,c1,d,e,b8,c8').split(',').map((p) => p.trim()));
+
 for (const d of DIRECTIONS) if (d !== 'up' && d !== 'down') throw new Error(`BENCH_DIRECTIONS: ${d}?`);
 
 type Direction = 'up' | 'down';
+/** Tunnels in (b8) and (c8). */
+const PARALLEL = 8;
+const TUNNEL_THREADS =
+  process.env.BENCH_TUNNEL_THREADS === undefined || process.env.BENCH_TUNNEL_THREADS === 'auto'
+    ? autoTunnelThreads()
+    : Number(process.env.BENCH_TUNNEL_THREADS);
 const fmtBytes = (n: number) => (n % MiB === 0 ? `${n / MiB} MiB` : `${n} bytes`);
 
 /** utime+stime+cutime+cstime of a process in seconds (reaped children included), 0 if gone. */
@@ -299,6 +267,9 @@ interface Context {
   sink: Child;
   access?: SiteAccess;
   jobId?: string;
+  /** The session host of (c), (d), (c8), and the pod whose tunnel (c) and (d) share. */
+  threaded?: Promise<ShadowHost>;
+  tunnel?: ShadowTunnel;
 }
 
 const common = (ctx: Context): CpuGroups => ({
@@ -370,132 +341,97 @@ async function pathB(ctx: Context): Promise<Row[]> {
   return socketRows(ctx, 'b', '(b) OpenSSH ssh -J -R', { unix: socket }, { 'ssh client(s)': () => treeOf(ssh.pid) });
 }
 
-/** A backhaul carrier and one forward to the sink, as a shadow session holds them. */
-async function backhaulForward(
-  ctx: Context,
-  mode: 'node' | 'srun',
-  socketDir: string,
-  socket: string,
-  tuning?: EndpointTuning,
-): Promise<void> {
-  if (!ctx.access) throw new Error('no site access');
-  await openBackhaulForwards(ctx.access, ctx.site, {
-    mode,
-    ...(ctx.jobId ? { jobId: ctx.jobId } : {}),
-    socketDir,
-    forwards: [{ socket, port: ctx.sinkPort }],
-    ...(tuning ? { tuning } : {}),
-  });
+/** The session host of (c), (d) and (c8): tunnel threads as configured (BENCH_TUNNEL_THREADS or "auto"). */
+async function threadedHost(ctx: Context): Promise<ShadowHost> {
+  ctx.threaded ??= startShadowHost(ctx.site, TUNNEL_THREADS);
+  return ctx.threaded;
 }
 
 async function pathC(ctx: Context): Promise<Row[]> {
-  const sock = join(ctx.work, 'c.sock');
-  await backhaulForward(ctx, 'node', ctx.work, sock);
-  await waitForSocket(sock, 10_000, () => true);
-  return socketRows(ctx, 'c', '(c) backhaul node carrier (ssh2, jump)', { unix: sock }, {});
+  const host = await threadedHost(ctx);
+  ctx.tunnel ??= await openShadowTunnel(host, [ctx.sinkPort]);
+  const socket = ctx.tunnel.sockets[0] as string;
+  return socketRows(ctx, 'c', `(c) backhaul, tunnel thread (${TUNNEL_THREADS})`, { unix: socket }, {});
 }
 
-/** BENCH_EXPERIMENT=immediate:1M,tick,...: (c) again, each on its own carrier, with ReverseForwards' endpointTuning. */
-async function pathX(ctx: Context): Promise<Row[]> {
-  const rows: Row[] = [];
-  for (const [i, spec] of EXPERIMENTS.entries()) {
-    if (spec === 'split') {
-      rows.push(...(await splitHops(ctx, join(ctx.work, `x${i}.sock`))));
-      continue;
-    }
-    const [batch = 'off', hwm = '', login = ''] = spec.split(':');
-    if (batch !== 'off' && batch !== 'tick' && batch !== 'immediate') throw new Error(`BENCH_EXPERIMENT: ${spec}?`);
-    if (login !== '' && login !== 'nodelay' && login !== 'tick' && login !== 'immediate') {
-      throw new Error(`BENCH_EXPERIMENT: ${spec}: login must be nodelay, tick or immediate`);
-    }
-    const tuning: EndpointTuning = { batch, ...(hwm ? { highWaterMark: parseBytes(hwm, 0) } : {}) };
-    const sock = join(ctx.work, `x${i}.sock`);
-    let via = ctx;
-    if (login !== '') {
-      // Its own login connection, over a socket made by loginSocket().
-      const access = ctx.access;
-      if (!access) throw new Error('no site access');
-      const socket = await loginSocket(access.login.host, access.login.port, login);
-      const { client } = await connectSsh({ ...access.login, sock: socket });
-      onCleanup(`experiment login ${spec}`, () => client.end());
-      const pool = { acquire: async () => ({ client, serverMessages: [], release: () => undefined }) };
-      via = { ...ctx, access: { ...access, pool: pool as unknown as LoginPool } };
-    }
-    await backhaulForward(via, 'node', ctx.work, sock, tuning);
-    await waitForSocket(sock, 10_000, () => true);
-    const label = `(c*) batch=${batch} hwm=${hwm || '16K'}${login ? ` login=${login}` : ''}`;
-    rows.push(...socketRows(ctx, `x-${spec}`, label, { unix: sock }, {}));
-  }
-  return rows;
-}
-
-/**
- * BENCH_EXPERIMENT=split: the login hop in another process (OpenSSH `ssh -W`, as `ssh -J` does it),
- * ssh2 only for the node hop and the forward: how much of (c)'s gap to (b) is the one event loop
- * doing both hops' crypto.
- */
-async function splitHops(ctx: Context, sock: string): Promise<Row[]> {
-  const access = ctx.access;
-  if (!access) throw new Error('no site access');
-  const config = await pinnedSshConfig(ctx.site, ctx.work);
-  const { nodeHost, nodePort } = ctx.site;
-  const hop = spawn(
-    'setpriv',
-    ['--pdeathsig', 'KILL', '--', 'ssh', '-F', config, '-W', `${nodeHost}:${nodePort}`, 'bh-login'],
-    {
-      stdio: ['pipe', 'pipe', 'ignore'],
-    },
-  );
-  onCleanup('ssh -W', () => hop.kill('SIGTERM'));
-  if (!hop.stdin || !hop.stdout) throw new Error('ssh -W: no pipes');
-  const duplex = Duplex.from({ readable: hop.stdout, writable: hop.stdin });
-  const { client, serverMessages } = await connectSsh({
-    label: `node ${nodeHost}:${nodePort} via ssh -W`,
-    host: nodeHost,
-    port: nodePort,
-    username: ctx.user.name,
-    privateKey: access.carrier.privateKey,
-    sock: duplex,
-    keepaliveIntervalMs: access.carrier.keepaliveIntervalMs,
-    verifyHostKey: (key) => verifyHostKey(access.carrier.knownHosts, nodeHost, nodePort, key),
-  });
-  onCleanup('split carrier', () => client.end());
-  const forwards = new ReverseForwards(
-    client,
-    [{ socketPath: sock, dialHost: '127.0.0.1', port: ctx.sinkPort }],
-    serverMessages,
-    { warn: (m) => say(`forward warning: ${m}`) },
-  );
-  await forwards.establish();
-  onCleanup('split forwards', async () => {
-    await forwards.cancel();
-    await rm(sock, { force: true });
-  });
-  await waitForSocket(sock, 10_000, () => true);
-  return socketRows(
-    ctx,
-    'x-split',
-    '(c+) ssh2 node hop over OpenSSH ssh -W login hop',
-    { unix: sock },
-    {
-      'ssh -W (login hop)': () => treeOf(hop.pid ?? -1),
-    },
-  );
+async function pathC1(ctx: Context): Promise<Row[]> {
+  const host = await startShadowHost(ctx.site, 0);
+  const tunnel = await openShadowTunnel(host, [ctx.sinkPort]);
+  const socket = tunnel.sockets[0] as string;
+  return socketRows(ctx, 'c1', '(c1) backhaul, one thread', { unix: socket }, {});
 }
 
 async function pathD(ctx: Context): Promise<Row[]> {
-  const sock = join(ctx.work, 'c.sock');
-  if (!(await stat(sock).catch(() => undefined))) await pathC(ctx);
-  const relay = await startRelay(ctx.user, RELAY, ctx.work, [{ socket: sock, port: ctx.sinkPort }]);
+  const host = await threadedHost(ctx);
+  ctx.tunnel ??= await openShadowTunnel(host, [ctx.sinkPort]);
+  const { address, ports } = ctx.tunnel;
   return socketRows(
     ctx,
     'd',
     '(d) (c) + relay.py',
-    { tcp: `${relay.address}:${relay.ports[0]}` },
+    { tcp: `${address}:${ports[0]}` },
     {
-      relay: () => treeOf(relay.child.pid),
+      relay: () => relayOf(ctx.user),
     },
   );
+}
+
+/** Eight tunnels of one kind, each moving BYTES/8 at the same time: aggregate MB/s. */
+function parallelRows(ctx: Context, key: string, label: string, sockets: string[], groups: CpuGroups): Row[] {
+  const each = Math.floor(BYTES / sockets.length);
+  return DIRECTIONS.map((dir) => ({
+    key,
+    label,
+    dir,
+    bytes: each * sockets.length,
+    groups: { ...common(ctx), ...groups },
+    measure: async (bytes, id) => {
+      const share = Math.floor(bytes / sockets.length);
+      const runs = await Promise.all(sockets.map((unix, i) => transfer(ctx.user, { unix }, dir, share, `${id}-${i}`)));
+      return {
+        seconds: Math.max(...runs.map((r) => r.seconds)),
+        verified: runs[0]?.verified ?? 'count',
+        clientCpu: runs.reduce((a, r) => a + r.clientCpu, 0),
+      };
+    },
+  }));
+}
+
+async function pathB8(ctx: Context): Promise<Row[]> {
+  const sockets: string[] = [];
+  const pids: number[] = [];
+  for (let i = 0; i < PARALLEL; i++) {
+    const socket = join(ctx.work, `b8-${i}.sock`);
+    const ssh = await openSshReverse(ctx.site, ctx.work, ctx.user, [{ socket, port: ctx.sinkPort }]);
+    sockets.push(socket);
+    pids.push(ssh.pid);
+  }
+  return parallelRows(ctx, 'b8', `(b8) ${PARALLEL} x OpenSSH ssh -J -R`, sockets, {
+    'ssh client(s)': () => pids.flatMap(treeOf),
+  });
+}
+
+async function pathC8(ctx: Context): Promise<Row[]> {
+  const host = await threadedHost(ctx);
+  const sockets: string[] = [];
+  for (let i = 0; i < PARALLEL; i++) sockets.push(...(await openShadowTunnel(host, [ctx.sinkPort])).sockets);
+  return parallelRows(ctx, 'c8', `(c8) ${PARALLEL} x backhaul, tunnel threads (${TUNNEL_THREADS})`, sockets, {});
+}
+
+/** The relays the preludes of the job user's jobs started. */
+function relayOf(user: TestUser): number[] {
+  const pids: number[] = [];
+  for (const entry of safeReaddir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const cmd = readFileSync(`/proc/${entry}/cmdline`, 'utf8');
+      const owner = readFileSync(`/proc/${entry}/status`, 'utf8').match(/^Uid:\s+(\d+)/m)?.[1];
+      if (Number(owner) === user.uid && cmd.includes('serve\0--uid=')) pids.push(Number(entry));
+    } catch {
+      // gone
+    }
+  }
+  return pids;
 }
 
 async function pathE(ctx: Context): Promise<Row[]> {
@@ -506,7 +442,13 @@ async function pathE(ctx: Context): Promise<Row[]> {
   await mkdir(dir, { mode: 0o700 });
   chownSync(dir, ctx.user.uid, ctx.user.gid);
   const sock = join(dir, '15000.sock');
-  await backhaulForward(ctx, 'srun', dir, sock);
+  if (!ctx.access) throw new Error('no site access');
+  await openBackhaulForwards(ctx.access, ctx.site, {
+    mode: 'srun',
+    ...(ctx.jobId ? { jobId: ctx.jobId } : {}),
+    socketDir: dir,
+    forwards: [{ socket: sock, port: ctx.sinkPort }],
+  });
   await waitForSocket(sock, 10_000, () => true);
   const srun = ['srun', '-u', '--overlap', `--jobid=${jobId}`, '-w', ctx.site.nodeHost, '-N1', '-n1'];
   const groups: CpuGroups = { ...common(ctx), 'slurmstepd + step': () => stepdTree(jobId) };
@@ -608,8 +550,8 @@ function report(rows: Row[], samples: Map<Row, Sample[]>, errors: Map<Row, strin
       dir,
     );
     ratio('(c) / (a) Node pipe (copy cost of SSH)', find('c', dir), find('a', dir), 0, dir);
-    for (const spec of EXPERIMENTS) ratio(`(c*) ${spec} / (c)`, find(`x-${spec}`, dir), find('c', dir), 0, dir);
-    for (const spec of EXPERIMENTS) ratio(`(c*) ${spec} / (b) OpenSSH`, find(`x-${spec}`, dir), find('b', dir), 1, dir);
+    ratio('(c) tunnel thread / (c1) one thread', find('c', dir), find('c1', dir), 0, dir);
+    ratio(`(c8) / (b8) OpenSSH, ${PARALLEL} tunnels`, find('c8', dir), find('b8', dir), 1.1, dir);
   }
   out.push('');
   out.push('## CPU seconds per GiB moved (medians; processes that exit during a run are not counted)');
@@ -676,7 +618,7 @@ async function main(): Promise<void> {
   const sinkPort = (JSON.parse(await sink.line(/"listening"/, 15_000)) as { listening: number }).listening;
   const ctx: Context = { site, user, work, sinkPort, sink };
 
-  if (PATHS.has('c') || PATHS.has('d') || PATHS.has('e') || PATHS.has('x')) {
+  if (PATHS.has('e')) {
     const config = parseSiteConfig({
       Network: { SSH: { ...site.siteConfig.Network.SSH } },
       Backhaul: { KeepaliveInterval: '2s' },
@@ -700,9 +642,11 @@ async function main(): Promise<void> {
     ['a2', pathA2],
     ['b', pathB],
     ['c', pathC],
-    ['x', pathX],
+    ['c1', pathC1],
     ['d', pathD],
     ['e', pathE],
+    ['b8', pathB8],
+    ['c8', pathC8],
   ];
   for (const [key, setup] of setups) {
     if (!PATHS.has(key)) continue;

@@ -91,6 +91,16 @@ export const backhaulSchema = z.strictObject({
   Redis: z.strictObject({ URL: z.string().url().default('redis://127.0.0.1:6379') }).prefault({}),
   /** Shadow sessions one session host holds at once. */
   SessionCapacity: z.number().int().min(1).max(10_000).default(200),
+  /**
+   * Worker threads that run a session host's carriers and forwards ("auto": one per core but one, at
+   * most 8). The session host keeps the login connections, so a tunnel's two SSH layers run on two
+   * cores; 0 runs everything on the session host's own thread (docs/PERFORMANCE.md "Many cores").
+   */
+  TunnelThreads: z
+    .union([z.literal('auto'), z.number().int().min(0).max(64)], {
+      error: 'expected "auto" or a number of threads from 0 to 64',
+    })
+    .default('auto'),
   /** Carriers sharing one login connection; stay below the login sshd's MaxSessions. */
   LoginMaxSessions: z.number().int().min(1).max(1_000).default(8),
   LeaseTTL: duration(1000).prefault('5s'),

@@ -37,7 +37,9 @@ export class HopPipeServer {
   static async start(): Promise<HopPipeServer> {
     const dir = await mkdtemp(join(tmpdir(), 'bh-pipes-'));
     const path = join(dir, 'hops.sock');
-    const server = createServer({ allowHalfOpen: true });
+    // Not half-open: an SSH transport never half-closes, and an EOF must close the pipe (ssh2 only
+    // notices a transport's 'close', not its 'end').
+    const server = createServer();
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
       server.listen(path, () => {
@@ -119,7 +121,6 @@ export class HopPipeServer {
       stream.destroy();
     });
     stream.once('close', () => socket.destroy());
-    // Each direction ends the other's write side, as the channel would (EOF, not close).
     socket.pipe(stream);
     stream.pipe(socket);
   }
@@ -128,7 +129,7 @@ export class HopPipeServer {
 /** A tunnel thread's end of an offered stream. */
 export function connectHopPipe(path: string, token: string): Promise<Socket> {
   return new Promise((resolve, reject) => {
-    const socket = connect({ path, allowHalfOpen: true });
+    const socket = connect({ path });
     socket.once('error', reject);
     socket.once('connect', () => {
       socket.off('error', reject);

@@ -22,22 +22,6 @@ export interface ForwardOptions {
   /** `Backhaul.HostAliases`: looked up before an endpoint's name goes to the resolver. */
   hostAliases?: HostAliases;
   connectTimeoutMs?: number;
-  /**
-   * Data-path knobs measured by bench:tunnel (`BENCH_EXPERIMENT`, docs/PERFORMANCE.md "Improvements
-   * tried"); off by default, as they were no clear win on the test machine.
-   */
-  endpointTuning?: EndpointTuning;
-}
-
-export interface EndpointTuning {
-  /**
-   * Job -> cluster: cork the endpoint socket at a chunk from the channel and uncork on the next tick
-   * ('tick') or after the poll phase ('immediate'), so the SSH packets of one carrier read leave in one
-   * writev instead of one write each.
-   */
-  batch: 'off' | 'tick' | 'immediate';
-  /** highWaterMark of the endpoint socket; Node's default is 16 KiB. */
-  highWaterMark?: number;
 }
 
 export interface ForwardLog {
@@ -116,14 +100,7 @@ export class ReverseForwards {
       return;
     }
     const host = dialAddress(target.dialHost, this.options.hostAliases);
-    const tuning = this.options.endpointTuning;
-    const socket = connect({
-      host,
-      port: target.port,
-      allowHalfOpen: true,
-      noDelay: true,
-      ...(tuning?.highWaterMark ? { highWaterMark: tuning.highWaterMark } : {}),
-    });
+    const socket = connect({ host, port: target.port, allowHalfOpen: true, noDelay: true });
     socket.setTimeout(this.options.connectTimeoutMs ?? 10_000);
     const fail = (err: Error) => {
       this.stats.refused += 1;
@@ -146,7 +123,6 @@ export class ReverseForwards {
         this.stats.bytesToJob += socket.bytesRead;
       };
       socket.once('close', done);
-      if (tuning && tuning.batch !== 'off') corkPerRead(channel, socket, tuning.batch);
       // One pipeline per direction: an end on one side half-closes the other and leaves the reverse flowing.
       const abort = (err: Error | null) => {
         if (!err) return;
@@ -157,20 +133,4 @@ export class ReverseForwards {
       pipeline(socket, channel, abort);
     });
   }
-}
-
-/** Registered before the pipeline's own listener, so the socket is corked before the first write. */
-function corkPerRead(channel: Channel, socket: Socket, batch: 'tick' | 'immediate'): void {
-  let corked = false;
-  const uncork = () => {
-    corked = false;
-    socket.uncork();
-  };
-  channel.on('data', () => {
-    if (corked) return;
-    corked = true;
-    socket.cork();
-    if (batch === 'tick') process.nextTick(uncork);
-    else setImmediate(uncork);
-  });
 }

@@ -5,8 +5,9 @@ import type { PodEvent } from '../machines/pod-machine.js';
 import { sessionEnds, shadowsHeld, sshCrypto } from '../metrics/fleet-metrics.js';
 import { sshCryptoPath } from '../ssh/crypto-path.js';
 import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
-import { ShadowSession } from '../ssh/shadow-session.js';
+import { ShadowSession, type ShadowSessionOptions } from '../ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../ssh/site-access.js';
+import { autoTunnelThreads, type Shadow, TunnelThreads } from '../ssh/tunnel-threads.js';
 import type { FleetDeps } from './fleet-deps.js';
 import { readPod, SHADOW_STATES } from './pod-reader.js';
 import { QUEUE_NAMES, type SessionJobData, sendEvent } from './queues.js';
@@ -45,7 +46,7 @@ function eventOf(phase: ShadowPhase, generation: number, hostId: string, at: num
  */
 export class SessionHost {
   readonly worker: Worker<SessionJobData, SessionOutcome>;
-  private readonly sessions = new Map<string, ShadowSession>();
+  private readonly sessions = new Map<string, Shadow>();
   /** Each session job being processed here, by job id (see process). */
   private readonly holding = new Map<string, Promise<SessionOutcome>>();
   private handingOver = false;
@@ -54,6 +55,8 @@ export class SessionHost {
   private constructor(
     private readonly deps: FleetDeps,
     private readonly access: SiteAccess,
+    /** Where the carriers run; undefined: on this thread (`Backhaul.TunnelThreads: 0`). */
+    private readonly tunnels: TunnelThreads | undefined,
     readonly hostId: string,
     connection: Redis,
   ) {
@@ -80,8 +83,17 @@ export class SessionHost {
     sshCrypto.set({ path: crypto.native ? 'native' : 'javascript', patched: crypto.patched ? 'yes' : 'no' }, 1);
     if (crypto.ok) deps.log.info({ sshCrypto: crypto.description }, 'ssh crypto');
     else deps.log.warn({ sshCrypto: crypto.description, fix: crypto.fix }, 'ssh crypto is the slow path');
+    const wanted = deps.config.Backhaul.TunnelThreads;
+    const count = wanted === 'auto' ? autoTunnelThreads() : wanted;
+    const tunnels =
+      count > 0
+        ? await TunnelThreads.start(access.pool, count, {
+            info: (detail, message) => deps.log.info(detail, message),
+            warn: (detail, message) => deps.log.warn(detail, message),
+          })
+        : undefined;
     await deps.hosts.register(hostId, deps.config.Backhaul.SessionCapacity, 0);
-    return new SessionHost(deps, access, hostId, connection);
+    return new SessionHost(deps, access, tunnels, hostId, connection);
   }
 
   get load(): number {
@@ -99,6 +111,7 @@ export class SessionHost {
     await closing;
     clearInterval(this.heartbeat);
     await this.deps.hosts.unregister(this.hostId).catch(() => undefined);
+    await this.tunnels?.close();
     this.access.pool.close();
   }
 
@@ -163,7 +176,7 @@ export class SessionHost {
     }
     const fence = lease.token;
 
-    const session = new ShadowSession({
+    const options: ShadowSessionOptions = {
       plan,
       pool: this.access.pool,
       site: this.access.carrier,
@@ -180,7 +193,8 @@ export class SessionHost {
           log.error({ err }, 'could not report a phase'),
         );
       },
-    });
+    };
+    const session: Shadow = this.tunnels ? this.tunnels.startShadow(options) : new ShadowSession(options);
     this.sessions.set(uid, session);
     shadowsHeld.inc();
     // Losing the lease (revoked by teardown, taken after an expiry) closes the session at once. A renewal

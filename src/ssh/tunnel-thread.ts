@@ -1,0 +1,166 @@
+/**
+ * A tunnel thread (worker_threads) of a session host: runs shadow sessions whose login hop is the
+ * session host's (LoginHopService answers the calls made here). The carrier's SSH connection, the
+ * forwards and the endpoint sockets live here, on this thread's event loop and its own small heap;
+ * the login connection's encryption stays on the session host's. Started by tunnel-threads.ts only.
+ */
+import { PassThrough } from 'node:stream';
+import { parentPort, workerData } from 'node:worker_threads';
+import type { CarrierSite } from './carrier.js';
+import { connectHopPipe } from './hop-pipes.js';
+import type { ExecStream, LoginHop, LoginHopLease, LoginHops } from './login-hop.js';
+import type { ExecResult } from './remote-exec.js';
+import { SessionError, type SessionErrorKind } from './session-error.js';
+import { ShadowSession } from './shadow-session.js';
+import type { FromThread, HopCall, HopValue, ToThread, TunnelThreadData, WireError } from './tunnel-protocol.js';
+
+const port = parentPort;
+if (!port) throw new Error('tunnel-thread.ts runs as a worker thread of a session host');
+const { pipeSocket } = workerData as TunnelThreadData;
+const post = (message: FromThread) => port.postMessage(message);
+
+// ------------------------------------------------------------------------------------------ calls
+
+const calls = new Map<number, { resolve(value: HopValue): void; reject(err: Error): void }>();
+let nextCall = 1;
+
+function call(request: HopCall): Promise<HopValue> {
+  const id = nextCall++;
+  return new Promise((resolve, reject) => {
+    calls.set(id, { resolve, reject });
+    post({ type: 'call', call: id, request });
+  });
+}
+
+const KINDS: ReadonlySet<string> = new Set<SessionErrorKind>([
+  'login-unreachable',
+  'auth-refused',
+  'host-key-mismatch',
+  'forwarding-refused',
+  'bootstrap-failed',
+  'job-not-running',
+  'job-ended',
+  'carrier-lost',
+  'sockets-vanished',
+  'closed',
+]);
+
+function fromWire(error: WireError): Error {
+  return error.kind && KINDS.has(error.kind)
+    ? new SessionError(error.kind as SessionErrorKind, error.message)
+    : new Error(error.message);
+}
+
+/** stderr of exec pipes, by pipe; a chunk that comes before its pipe is known waits here. */
+const stderrs = new Map<string, PassThrough>();
+
+function stderrOf(pipe: string): PassThrough {
+  let stream = stderrs.get(pipe);
+  if (!stream) {
+    stream = new PassThrough();
+    stderrs.set(pipe, stream);
+  }
+  return stream;
+}
+
+function remoteHop(lease: number): LoginHop {
+  const pipeOf = async (request: HopCall) => {
+    const value = await call(request);
+    if (!value || !('pipe' in value)) throw new Error(`${request.method}: the session host sent no pipe`);
+    return value.pipe;
+  };
+  return {
+    jump: async (host, portNumber) =>
+      connectHopPipe(pipeSocket, await pipeOf({ method: 'jump', lease, host, port: portNumber })),
+    exec: async (command): Promise<ExecStream> => {
+      const pipe = await pipeOf({ method: 'exec', lease, command });
+      const stderr = stderrOf(pipe);
+      const stream = await connectHopPipe(pipeSocket, pipe).catch((err: unknown) => {
+        stderrs.delete(pipe);
+        throw err;
+      });
+      stream.once('close', () => {
+        stderr.end();
+        stderrs.delete(pipe);
+      });
+      return { stream, stderr, close: () => stream.destroy() };
+    },
+    run: async (command, opts = {}) => (await call({ method: 'run', lease, command, opts })) as ExecResult,
+    findJob: async (user, jobName) => {
+      const value = await call({ method: 'findJob', lease, user, jobName });
+      return value && 'job' in value ? value.job : undefined;
+    },
+  };
+}
+
+const hops: LoginHops = {
+  acquire: async (sessions): Promise<LoginHopLease> => {
+    const value = await call({ method: 'acquire', sessions });
+    if (!value || !('lease' in value)) throw new Error('acquire: the session host sent no lease');
+    const lease = value.lease;
+    let released = false;
+    return {
+      hop: remoteHop(lease),
+      release: () => {
+        if (released) return;
+        released = true;
+        call({ method: 'release', lease }).catch(() => undefined);
+      },
+    };
+  },
+};
+
+// ------------------------------------------------------------------------------------------ shadows
+
+/** Buffers arrive as plain Uint8Arrays (structured clone): the key checks need Buffers back. */
+function reviveSite(site: CarrierSite): CarrierSite {
+  return {
+    ...site,
+    privateKey: typeof site.privateKey === 'string' ? site.privateKey : Buffer.from(site.privateKey),
+    knownHosts: site.knownHosts.map((entry) => ({ ...entry, key: Buffer.from(entry.key) })),
+  };
+}
+
+const shadows = new Map<string, ShadowSession>();
+
+port.on('message', (message: ToThread) => {
+  switch (message.type) {
+    case 'reply': {
+      const pending = calls.get(message.call);
+      if (!pending) return;
+      calls.delete(message.call);
+      if (message.ok) pending.resolve(message.value);
+      else pending.reject(fromWire(message.error));
+      return;
+    }
+    case 'stderr':
+      stderrOf(message.pipe).write(Buffer.from(message.data));
+      return;
+    case 'start': {
+      const { id, shadow } = message;
+      const session = new ShadowSession({
+        ...shadow,
+        site: reviveSite(shadow.site),
+        pool: hops,
+        onPhase: (phase) => post({ type: 'phase', id, phase }),
+        log: {
+          info: (text, detail) =>
+            post({ type: 'log', id, level: 'info', message: text, ...(detail ? { detail } : {}) }),
+          warn: (text, detail) =>
+            post({ type: 'log', id, level: 'warn', message: text, ...(detail ? { detail } : {}) }),
+        },
+      });
+      shadows.set(id, session);
+      void session.run().then((end) => {
+        shadows.delete(id);
+        post({ type: 'end', id, end });
+      });
+      return;
+    }
+    case 'close':
+      void shadows.get(message.id)?.close(message.reason);
+      return;
+  }
+});
+
+post({ type: 'ready' });

@@ -1,0 +1,258 @@
+import { availableParallelism } from 'node:os';
+import { Worker } from 'node:worker_threads';
+import { HopPipeServer } from './hop-pipes.js';
+import type { LoginHops } from './login-hop.js';
+import { LoginHopService } from './login-hop-service.js';
+import type { ShadowEnd, ShadowSessionOptions } from './shadow-session.js';
+import type { FromThread, ToThread, TunnelThreadData } from './tunnel-protocol.js';
+
+/** What the session host holds of a shadow: a ShadowSession here, or one in a tunnel thread. */
+export interface Shadow {
+  /** Runs the shadow to its end; never rejects. */
+  run(): Promise<ShadowEnd>;
+  /** Ends it and waits until its teardown is over; idempotent. */
+  close(reason?: string): Promise<void>;
+}
+
+export interface TunnelThreadsLog {
+  warn(detail: Record<string, unknown>, message: string): void;
+  info(detail: Record<string, unknown>, message: string): void;
+}
+
+/** `Backhaul.TunnelThreads: auto`: every core but the one the login connections use, at most 8. */
+export function autoTunnelThreads(): number {
+  return Math.max(1, Math.min(8, availableParallelism() - 1));
+}
+
+/**
+ * The thread's code: the compiled module next to this one, or (running from the TypeScript sources,
+ * in tests and benchmarks) a bootstrap that has tsx compile it.
+ */
+function threadEntry(): URL {
+  return import.meta.url.endsWith('.ts')
+    ? new URL('./tunnel-thread.dev.mjs', import.meta.url)
+    : new URL('./tunnel-thread.js', import.meta.url);
+}
+
+interface Held {
+  opts: ShadowSessionOptions;
+  ended: Promise<ShadowEnd>;
+  end(end: ShadowEnd): void;
+  closing: Promise<void> | undefined;
+  done: boolean;
+}
+
+/** One worker thread, its shadows and what it borrowed from the login pool. */
+class TunnelThread {
+  readonly held = new Map<string, Held>();
+  private readonly worker: Worker;
+  readonly service: LoginHopService;
+  readonly ready: Promise<void>;
+  exited = false;
+  private stopping = false;
+
+  constructor(
+    readonly index: number,
+    pool: LoginHops,
+    pipes: HopPipeServer,
+    private readonly log: TunnelThreadsLog,
+    private readonly onExit: (thread: TunnelThread, why: string) => void,
+  ) {
+    const data: TunnelThreadData = { pipeSocket: pipes.path };
+    this.worker = new Worker(threadEntry(), { workerData: data, name: `tunnel-${index}` });
+    this.service = new LoginHopService(pool, pipes, (message) => this.send(message));
+    this.ready = new Promise((resolve, reject) => {
+      this.worker.once('error', reject);
+      const onReady = (message: FromThread) => {
+        if (message.type !== 'ready') return;
+        this.worker.off('message', onReady);
+        this.worker.off('error', reject);
+        resolve();
+      };
+      this.worker.on('message', onReady);
+    });
+    this.worker.on('message', (message: FromThread) => this.receive(message));
+    let why = 'exited';
+    this.worker.on('error', (err) => {
+      why = `crashed: ${err.message}`;
+      log.warn({ thread: index, err: err.message }, 'tunnel thread crashed');
+    });
+    this.worker.once('exit', (code) => {
+      this.exited = true;
+      this.service.releaseAll();
+      if (!this.stopping) this.onExit(this, `tunnel thread ${index} ${why} (exit code ${code})`);
+    });
+  }
+
+  start(id: string, opts: ShadowSessionOptions): Shadow {
+    let end: (end: ShadowEnd) => void = () => undefined;
+    const ended = new Promise<ShadowEnd>((resolve) => {
+      end = resolve;
+    });
+    const held: Held = { opts, ended, end: (e) => end(e), closing: undefined, done: false };
+    this.held.set(id, held);
+    const { plan, site, nodeWaitTimeoutMs, socketCheckMs, jobPollMs, preludeWaitMs, hostAliases } = opts;
+    let started = false;
+    return {
+      run: () => {
+        if (!started) {
+          started = true;
+          this.send({
+            type: 'start',
+            id,
+            shadow: {
+              plan,
+              site,
+              nodeWaitTimeoutMs,
+              ...(socketCheckMs !== undefined ? { socketCheckMs } : {}),
+              ...(jobPollMs !== undefined ? { jobPollMs } : {}),
+              ...(preludeWaitMs !== undefined ? { preludeWaitMs } : {}),
+              ...(hostAliases !== undefined ? { hostAliases } : {}),
+            },
+          });
+        }
+        return ended;
+      },
+      close: (reason = 'closed') => {
+        if (held.done) return Promise.resolve();
+        held.closing ??= (async () => {
+          if (!started) {
+            this.finish(id, { type: 'CLOSED', reason });
+            return;
+          }
+          this.send({ type: 'close', id, reason });
+          await ended;
+        })();
+        return held.closing;
+      },
+    };
+  }
+
+  /** Ends every shadow it held as lost (the thread is gone), reporting it like a lost carrier. */
+  abandon(why: string): void {
+    for (const [id, held] of this.held) {
+      if (!held.closing) held.opts.onPhase({ type: 'CARRIER_LOST', reason: why });
+      this.finish(id, held.closing ? { type: 'CLOSED', reason: why } : { type: 'CARRIER_LOST', reason: why });
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.stopping = true;
+    await this.worker.terminate();
+    this.service.releaseAll();
+  }
+
+  private finish(id: string, end: ShadowEnd): void {
+    const held = this.held.get(id);
+    if (!held) return;
+    held.done = true;
+    this.held.delete(id);
+    held.end(end);
+  }
+
+  private send(message: ToThread): void {
+    if (!this.exited) this.worker.postMessage(message);
+  }
+
+  private receive(message: FromThread): void {
+    switch (message.type) {
+      case 'call':
+        this.service.serve(message.call, message.request);
+        return;
+      case 'phase':
+        this.held.get(message.id)?.opts.onPhase(message.phase);
+        return;
+      case 'log': {
+        const log = this.held.get(message.id)?.opts.log;
+        if (log) log[message.level](message.message, message.detail);
+        return;
+      }
+      case 'end':
+        this.finish(message.id, message.end);
+        return;
+      case 'ready':
+        return;
+    }
+  }
+}
+
+/**
+ * A session host's tunnel threads. Each shadow runs in the least loaded thread; the session host keeps
+ * the login connections (and so the outer SSH layer of every tunnel), the threads the carriers (the
+ * inner layer, the forwards and the endpoint sockets). So one tunnel's two layers run on two cores,
+ * and many tunnels' inner layers on as many cores as there are threads. A thread that dies ends its
+ * shadows as lost carriers (their pods' machines relaunch them) and is replaced.
+ */
+export class TunnelThreads {
+  private readonly threads: TunnelThread[] = [];
+  private nextId = 1;
+  private closed = false;
+
+  private constructor(
+    private readonly pool: LoginHops,
+    private readonly pipes: HopPipeServer,
+    private readonly log: TunnelThreadsLog,
+  ) {}
+
+  static async start(pool: LoginHops, count: number, log: TunnelThreadsLog): Promise<TunnelThreads> {
+    if (!Number.isInteger(count) || count < 1) throw new RangeError(`tunnel threads: ${count}, expected 1 or more`);
+    const pipes = await HopPipeServer.start();
+    const threads = new TunnelThreads(pool, pipes, log);
+    try {
+      for (let i = 0; i < count; i++) threads.threads.push(threads.spawn(i));
+      await Promise.all(threads.threads.map((t) => t.ready));
+    } catch (err) {
+      await threads.close();
+      throw err;
+    }
+    log.info({ threads: count }, 'tunnel threads started');
+    return threads;
+  }
+
+  get size(): number {
+    return this.threads.length;
+  }
+
+  /** Shadows held, per thread (for status and tests). */
+  get loads(): number[] {
+    return this.threads.map((t) => t.held.size);
+  }
+
+  /** Login leases the threads hold (each shadow holds one from SHADOW_UP to its end). */
+  get loginLeases(): number {
+    return this.threads.reduce((n, t) => n + t.service.leased, 0);
+  }
+
+  /** A shadow in the least loaded thread; `opts.pool` is not used (the thread's hops are the pool's). */
+  startShadow(opts: ShadowSessionOptions): Shadow {
+    if (this.closed) throw new Error('tunnel threads are closed');
+    const thread = this.threads.reduce((a, b) => (b.held.size < a.held.size ? b : a));
+    return thread.start(`s${this.nextId++}`, opts);
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    await Promise.all(this.threads.map((t) => t.stop()));
+    for (const t of this.threads) t.abandon('session host stopping');
+    await this.pipes.close();
+  }
+
+  private spawn(index: number): TunnelThread {
+    return new TunnelThread(index, this.pool, this.pipes, this.log, (thread, why) => this.replace(thread, why));
+  }
+
+  private replace(thread: TunnelThread, why: string): void {
+    this.log.warn(
+      { thread: thread.index, why },
+      'tunnel thread ended: its shadows are lost, a new thread takes its place',
+    );
+    thread.abandon(why);
+    if (this.closed) return;
+    const at = this.threads.indexOf(thread);
+    const next = this.spawn(thread.index);
+    if (at >= 0) this.threads[at] = next;
+    next.ready.catch((err: unknown) =>
+      this.log.warn({ thread: thread.index, err: String(err) }, 'tunnel thread did not start'),
+    );
+  }
+}

@@ -1,0 +1,131 @@
+import { readFile, rm, stat } from 'node:fs/promises';
+import type { Server } from 'node:net';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ShadowEnd, ShadowPhase } from '../../src/ssh/shadow-session.js';
+import { TunnelThreads } from '../../src/ssh/tunnel-threads.js';
+import {
+  echoServer,
+  exists,
+  type Harness,
+  harness,
+  jobScript,
+  MiB,
+  planFor,
+  uid,
+  userProcesses,
+  waitFor,
+  workload,
+} from '../fixtures/shadow-harness.js';
+import { cancelSubmittedJobs, jobState, sbatch, scancel, stepsOf, waitForState } from '../fixtures/slurm.js';
+
+/**
+ * Shadows in tunnel threads (src/ssh/tunnel-threads.ts): the session host keeps the login connection,
+ * a worker thread runs the carrier and the forwards, and the login channels reach it through byte
+ * pipes. The same outcomes as a shadow in the session host's own thread (shadow-session.test.ts).
+ */
+describe.each([
+  ['node', {}],
+  ['srun', { Sshd: 'userspace', NodeExec: 'srun' }],
+] as const)('shadows in tunnel threads, %s carrier', (mode, reverse) => {
+  let h: Harness;
+  let echo: { server: Server; port: number };
+  let threads: TunnelThreads;
+  const logs: string[] = [];
+
+  beforeAll(async () => {
+    h = await harness('allowed', reverse);
+    echo = await echoServer();
+    threads = await TunnelThreads.start(h.access.pool, 2, {
+      info: (d, m) => logs.push(`info ${m} ${JSON.stringify(d)}`),
+      warn: (d, m) => logs.push(`warn ${m} ${JSON.stringify(d)}`),
+    });
+  });
+
+  afterAll(async () => {
+    await cancelSubmittedJobs();
+    await threads?.close();
+    h?.access.pool.close();
+    echo?.server.close();
+    await h?.site.stop();
+    if (h) await rm(h.workdir, { recursive: true, force: true });
+  });
+
+  function start(plan: ReturnType<typeof planFor>) {
+    const phases: ShadowPhase[] = [];
+    const warnings: string[] = [];
+    const shadow = threads.startShadow({
+      plan,
+      pool: h.access.pool,
+      site: h.access.carrier,
+      onPhase: (p) => phases.push(p),
+      log: { warn: (m) => warnings.push(m), info: () => undefined },
+      nodeWaitTimeoutMs: 60_000,
+      jobPollMs: 200,
+      socketCheckMs: 1_000,
+    });
+    const ended: Promise<ShadowEnd> = shadow.run();
+    return { shadow, phases, warnings, ended };
+  }
+
+  it('carries 100 MiB both ways byte-identical for a client in the job, and ends with the job', async () => {
+    const podUid = uid();
+    const plan = planFor(h, podUid, `15000:127.0.0.1:${echo.port}`);
+    expect(plan.carrier.mode).toBe(mode);
+    const out = join(h.workdir, `${podUid}.out`);
+    const jobId = await sbatch(h.site.user, jobScript(h, plan, workload(15000, (mode === 'srun' ? 4 : 100) * MiB)), {
+      jobName: podUid,
+      output: out,
+    });
+    const { phases, ended } = start(plan);
+    const seen = async () =>
+      `phases: ${JSON.stringify(phases)}; job output: ${await readFile(out, 'utf8').catch(() => '')}; logs: ${logs.join('\n')}`;
+    await waitForState(jobId, ['COMPLETED', 'FAILED', 'CANCELLED'], 120_000).catch(async (err: Error) => {
+      throw new Error(`${err.message}; ${await seen()}`);
+    });
+    const text = await readFile(out, 'utf8');
+    expect(text, `phases: ${JSON.stringify(phases)}; logs: ${logs.join('\n')}`).toContain(
+      `workload ${(mode === 'srun' ? 4 : 100) * MiB} ${(mode === 'srun' ? 4 : 100) * MiB} True`,
+    );
+    expect(phases.map((p) => p.type).slice(0, 4)).toEqual([
+      'SHADOW_UP',
+      'BATCH_HOST',
+      'CARRIER_OPEN',
+      'FORWARDS_READY',
+    ]);
+    expect((await ended).type).toBe('JOB_ENDED');
+    expect(await exists(plan.socketDir)).toBe(false);
+    await waitFor('login lease given back', () => (threads.loginLeases === 0 ? true : undefined), 5_000);
+  }, 180_000);
+
+  it('close() ends the shadow in its thread: no socket, no carrier step or process; the job goes on', async () => {
+    const podUid = uid();
+    const plan = planFor(h, podUid, `15002:127.0.0.1:${echo.port} 15003:127.0.0.1:${echo.port}`);
+    const jobId = await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
+    const { shadow, phases, warnings, ended } = start(plan);
+    await waitFor('forwards', () => phases.some((p) => p.type === 'FORWARDS_READY'), 60_000).catch((err: Error) => {
+      throw new Error(
+        `${err.message}: phases ${JSON.stringify(phases)}; warnings ${warnings.join(' | ')}; logs ${logs.join(' | ')}`,
+      );
+    });
+    for (const f of plan.forwards) expect((await stat(f.socketPath)).isSocket()).toBe(true);
+    await Promise.all([shadow.close('operator'), shadow.close('again')]);
+    expect(await ended).toEqual({ type: 'CLOSED', reason: 'operator' });
+    for (const f of plan.forwards) expect(await exists(f.socketPath)).toBe(false);
+    expect((await jobState(jobId)).state).toBe('RUNNING');
+    await waitFor(
+      'no carrier steps',
+      async () => ((await stepsOf(jobId)).filter((s) => !/\.(batch|extern)$/.test(s)).length === 0 ? true : undefined),
+      10_000,
+    );
+    await waitFor(
+      'no user-space sshd',
+      async () =>
+        (await userProcesses(h.site.user.name, `${plan.socketDir}/carrier`)).length === 0 ? true : undefined,
+      10_000,
+    );
+    expect(threads.loads.reduce((a, b) => a + b, 0)).toBe(0);
+    await waitFor('login lease given back', () => (threads.loginLeases === 0 ? true : undefined), 5_000);
+    await scancel(jobId);
+  }, 120_000);
+});
