@@ -10,11 +10,14 @@ import { join } from 'node:path';
 import { parseSiteConfig } from '../src/spec/site-config.js';
 import { type ShadowPhase, ShadowSession, type ShadowSessionOptions } from '../src/ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
-import { type Shadow, TunnelThreads } from '../src/ssh/tunnel-threads.js';
+import { type Shadow, type TunnelLogin, TunnelThreads } from '../src/ssh/tunnel-threads.js';
 import type { LoopbackSite } from '../test/fixtures/loopback-site.js';
 import { jobScript, planFor, uid } from '../test/fixtures/shadow-harness.js';
 import { sbatch, scancel } from '../test/fixtures/slurm.js';
 import { onCleanup, PYTHON, say, withTimeout } from './harness.js';
+
+/** BENCH_TUNNEL_LOGIN: where tunnel threads get their login connections (per-thread, the default, or shared). */
+export const TUNNEL_LOGIN: TunnelLogin = process.env.BENCH_TUNNEL_LOGIN === 'shared' ? 'shared' : 'per-thread';
 
 export interface ShadowHost {
   access: SiteAccess;
@@ -42,7 +45,7 @@ export async function startShadowHost(site: LoopbackSite, threads: number): Prom
     info: () => undefined,
     warn: (d: Record<string, unknown>, m: string) => say(`${m} ${JSON.stringify(d)}`),
   };
-  const pool = threads > 0 ? await TunnelThreads.start(access.pool, threads, log) : undefined;
+  const pool = threads > 0 ? await TunnelThreads.start(access, { threads, login: TUNNEL_LOGIN }, log) : undefined;
   if (pool) onCleanup('tunnel threads', () => pool.close());
   const workdir = await mkdtemp(join(tmpdir(), 'bh-bench-shadow-'));
   await chown(workdir, site.user.uid, site.user.gid);

@@ -43,7 +43,19 @@ export function startWorker(
   try {
     child = spawn(
       process.execPath,
-      [BIN, 'worker', '--roles', roles, '--config', configPath, '--redis', redisUrl, '--host-id', hostId],
+      [
+        '--single-threaded-gc',
+        BIN,
+        'worker',
+        '--roles',
+        roles,
+        '--config',
+        configPath,
+        '--redis',
+        redisUrl,
+        '--host-id',
+        hostId,
+      ],
       {
         stdio: ['ignore', fd ?? 'pipe', fd ?? 'pipe'],
         env: { ...process.env, BACKHAUL_LOG_LEVEL: 'info' },

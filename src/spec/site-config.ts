@@ -92,15 +92,20 @@ export const backhaulSchema = z.strictObject({
   /** Shadow sessions one session host holds at once. */
   SessionCapacity: z.number().int().min(1).max(10_000).default(200),
   /**
-   * Worker threads that run a session host's carriers and forwards ("auto": one per core but one, at
-   * most 8). The session host keeps the login connections, so a tunnel's two SSH layers run on two
-   * cores; 0 runs everything on the session host's own thread (docs/PERFORMANCE.md "Many cores").
+   * Worker threads that carry a session host's tunnels: carriers, forwards, endpoint sockets ("auto":
+   * one per core, at most 8; 0: all on the session host's own thread). docs/PERFORMANCE.md "Many cores".
    */
   TunnelThreads: z
     .union([z.literal('auto'), z.number().int().min(0).max(64)], {
       error: 'expected "auto" or a number of threads from 0 to 64',
     })
     .default('auto'),
+  /**
+   * Where tunnel threads get their login connections: "per-thread" (each its own: a tunnel's bytes
+   * never leave its thread) or "shared" (the session host's, through a unix socket: a tunnel's two SSH
+   * layers on two threads, which costs a copy; measured slower on 2 cores).
+   */
+  TunnelLogin: z.enum(['per-thread', 'shared'], { error: 'expected "per-thread" or "shared"' }).default('per-thread'),
   /** Carriers sharing one login connection; stay below the login sshd's MaxSessions. */
   LoginMaxSessions: z.number().int().min(1).max(1_000).default(8),
   LeaseTTL: duration(1000).prefault('5s'),

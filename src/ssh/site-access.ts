@@ -5,11 +5,24 @@ import { type KnownHostEntry, parseKnownHosts, verifyHostKey } from './known-hos
 import { LoginPool } from './login-pool.js';
 import type { SshTarget } from './ssh-connect.js';
 
-/** What a session host needs to reach one site: the login pool and the carriers' settings. */
+/**
+ * What reaching one site takes, as plain data: it crosses to tunnel threads (structured clone turns
+ * Buffers into Uint8Arrays; `accessFromData` turns them back).
+ */
+export interface SiteAccessData {
+  login: { label: string; host: string; port: number; username: string; keepaliveIntervalMs: number };
+  /** `InsecureAcceptAnyHostKey` without a known_hosts file: the login host key is not checked. */
+  acceptAnyLoginKey: boolean;
+  loginMaxSessions: number;
+  carrier: CarrierSite;
+}
+
+/** What a session host (or a tunnel thread) needs to reach one site: the login pool and the carriers' settings. */
 export interface SiteAccess {
   pool: LoginPool;
   carrier: CarrierSite;
   login: SshTarget;
+  data: SiteAccessData;
 }
 
 /** Reads the key and known_hosts named by the site configuration (once per process, not per pod). */
@@ -26,20 +39,17 @@ export async function openSiteAccess(config: SiteConfig): Promise<SiteAccess> {
     });
     knownHosts = parseKnownHosts(text);
   }
-  const acceptAny = ssh.InsecureAcceptAnyHostKey && !ssh.KnownHostsFile;
   const keepaliveIntervalMs = config.Backhaul.KeepaliveInterval;
-  const login: SshTarget = {
-    label: `login ${ssh.LoginHost}:${ssh.Port}`,
-    host: ssh.LoginHost,
-    port: ssh.Port,
-    username: ssh.User,
-    privateKey,
-    keepaliveIntervalMs,
-    verifyHostKey: (key) => (acceptAny ? { ok: true } : verifyHostKey(knownHosts, ssh.LoginHost, ssh.Port, key)),
-  };
-  return {
-    login,
-    pool: new LoginPool(login, config.Backhaul.LoginMaxSessions),
+  return accessFromData({
+    login: {
+      label: `login ${ssh.LoginHost}:${ssh.Port}`,
+      host: ssh.LoginHost,
+      port: ssh.Port,
+      username: ssh.User,
+      keepaliveIntervalMs,
+    },
+    acceptAnyLoginKey: ssh.InsecureAcceptAnyHostKey && !ssh.KnownHostsFile,
+    loginMaxSessions: config.Backhaul.LoginMaxSessions,
     carrier: {
       user: ssh.User,
       privateKey,
@@ -48,5 +58,23 @@ export async function openSiteAccess(config: SiteConfig): Promise<SiteAccess> {
       nodeSshPort: ssh.Reverse.NodeSshPort,
       keepaliveIntervalMs,
     },
+  });
+}
+
+/** A login pool of its own over the same site (in this thread). */
+export function accessFromData(data: SiteAccessData): SiteAccess {
+  const carrier: CarrierSite = {
+    ...data.carrier,
+    privateKey:
+      typeof data.carrier.privateKey === 'string' ? data.carrier.privateKey : Buffer.from(data.carrier.privateKey),
+    knownHosts: data.carrier.knownHosts.map((entry) => ({ ...entry, key: Buffer.from(entry.key) })),
   };
+  const { host, port } = data.login;
+  const login: SshTarget = {
+    ...data.login,
+    privateKey: carrier.privateKey,
+    verifyHostKey: (key) =>
+      data.acceptAnyLoginKey ? { ok: true } : verifyHostKey(carrier.knownHosts, host, port, key),
+  };
+  return { login, pool: new LoginPool(login, data.loginMaxSessions), carrier, data: { ...data, carrier } };
 }

@@ -5,6 +5,7 @@ import type { HostAliases } from './host-aliases.js';
 import type { RunOptions } from './login-hop.js';
 import type { ExecResult } from './remote-exec.js';
 import type { ShadowEnd, ShadowPhase } from './shadow-session.js';
+import type { SiteAccessData } from './site-access.js';
 
 /**
  * The messages between a session host and its tunnel threads (tunnel-threads.ts, tunnel-thread.ts).
@@ -57,7 +58,9 @@ export type FromThread =
   | { type: 'log'; id: string; level: 'info' | 'warn'; message: string; detail?: Record<string, unknown> }
   | { type: 'call'; call: number; request: HopCall };
 
-/** Where a thread connects for its byte pipes (a unix socket in a 0700 directory of the session host). */
 export interface TunnelThreadData {
+  /** Where a thread connects for its byte pipes (a unix socket in a 0700 directory of the session host). */
   pipeSocket: string;
+  /** With `login: 'per-thread'`: the site, for the thread's own login connections (no pipes, no calls). */
+  access?: SiteAccessData;
 }

@@ -12,11 +12,12 @@ import type { ExecStream, LoginHop, LoginHopLease, LoginHops } from './login-hop
 import type { ExecResult } from './remote-exec.js';
 import { SessionError, type SessionErrorKind } from './session-error.js';
 import { ShadowSession } from './shadow-session.js';
+import { accessFromData } from './site-access.js';
 import type { FromThread, HopCall, HopValue, ToThread, TunnelThreadData, WireError } from './tunnel-protocol.js';
 
 const port = parentPort;
 if (!port) throw new Error('tunnel-thread.ts runs as a worker thread of a session host');
-const { pipeSocket } = workerData as TunnelThreadData;
+const { pipeSocket, access } = workerData as TunnelThreadData;
 const post = (message: FromThread) => port.postMessage(message);
 
 // ------------------------------------------------------------------------------------------ calls
@@ -93,7 +94,7 @@ function remoteHop(lease: number): LoginHop {
   };
 }
 
-const hops: LoginHops = {
+const remoteHops: LoginHops = {
   acquire: async (sessions): Promise<LoginHopLease> => {
     const value = await call({ method: 'acquire', sessions });
     if (!value || !('lease' in value)) throw new Error('acquire: the session host sent no lease');
@@ -109,6 +110,9 @@ const hops: LoginHops = {
     };
   },
 };
+
+/** The thread's own login connections (`login: 'per-thread'`), or the session host's through calls. */
+const hops: LoginHops = access ? accessFromData(access).pool : remoteHops;
 
 // ------------------------------------------------------------------------------------------ shadows
 

@@ -4,6 +4,7 @@ import { HopPipeServer } from './hop-pipes.js';
 import type { LoginHops } from './login-hop.js';
 import { LoginHopService } from './login-hop-service.js';
 import type { ShadowEnd, ShadowSessionOptions } from './shadow-session.js';
+import type { SiteAccess, SiteAccessData } from './site-access.js';
 import type { FromThread, ToThread, TunnelThreadData } from './tunnel-protocol.js';
 
 /** What the session host holds of a shadow: a ShadowSession here, or one in a tunnel thread. */
@@ -19,9 +20,12 @@ export interface TunnelThreadsLog {
   info(detail: Record<string, unknown>, message: string): void;
 }
 
-/** `Backhaul.TunnelThreads: auto`: every core but the one the login connections use, at most 8. */
+/** Where a tunnel thread's login connections live (see TunnelThreads.start). */
+export type TunnelLogin = 'shared' | 'per-thread';
+
+/** `Backhaul.TunnelThreads: auto`: one per core, at most 8 (the session host's own thread carries no bytes). */
 export function autoTunnelThreads(): number {
-  return Math.max(1, Math.min(8, availableParallelism() - 1));
+  return Math.max(1, Math.min(8, availableParallelism()));
 }
 
 /**
@@ -55,10 +59,11 @@ class TunnelThread {
     readonly index: number,
     pool: LoginHops,
     pipes: HopPipeServer,
+    ownLogin: SiteAccessData | undefined,
     private readonly log: TunnelThreadsLog,
     private readonly onExit: (thread: TunnelThread, why: string) => void,
   ) {
-    const data: TunnelThreadData = { pipeSocket: pipes.path };
+    const data: TunnelThreadData = { pipeSocket: pipes.path, ...(ownLogin ? { access: ownLogin } : {}) };
     this.worker = new Worker(threadEntry(), { workerData: data, name: `tunnel-${index}` });
     this.service = new LoginHopService(pool, pipes, (message) => this.send(message));
     this.ready = new Promise((resolve, reject) => {
@@ -136,6 +141,11 @@ class TunnelThread {
     }
   }
 
+  /** Ends the thread as a crash would: its shadows are abandoned and it is replaced. */
+  async kill(): Promise<void> {
+    await this.worker.terminate();
+  }
+
   async stop(): Promise<void> {
     this.stopping = true;
     await this.worker.terminate();
@@ -177,11 +187,12 @@ class TunnelThread {
 }
 
 /**
- * A session host's tunnel threads. Each shadow runs in the least loaded thread; the session host keeps
- * the login connections (and so the outer SSH layer of every tunnel), the threads the carriers (the
- * inner layer, the forwards and the endpoint sockets). So one tunnel's two layers run on two cores,
- * and many tunnels' inner layers on as many cores as there are threads. A thread that dies ends its
- * shadows as lost carriers (their pods' machines relaunch them) and is replaced.
+ * A session host's tunnel threads. Each shadow runs in the least loaded thread, which holds its
+ * carrier, forwards and endpoint sockets on its own event loop and small heap: the tunnels of one
+ * session host use as many cores as there are threads, and the host's own thread (BullMQ, leases,
+ * Redis) carries no bytes. The login connections are each thread's own ('per-thread') or the host's
+ * ('shared': the outer SSH layer on the host's thread, the inner one in the tunnel thread). A thread
+ * that dies ends its shadows as lost carriers (their pods' machines relaunch them) and is replaced.
  */
 export class TunnelThreads {
   private readonly threads: TunnelThread[] = [];
@@ -189,15 +200,26 @@ export class TunnelThreads {
   private closed = false;
 
   private constructor(
-    private readonly pool: LoginHops,
+    private readonly access: SiteAccess,
+    private readonly login: TunnelLogin,
     private readonly pipes: HopPipeServer,
     private readonly log: TunnelThreadsLog,
   ) {}
 
-  static async start(pool: LoginHops, count: number, log: TunnelThreadsLog): Promise<TunnelThreads> {
+  /**
+   * `login: 'shared'`: the threads use this host's login pool through byte pipes (a tunnel's two SSH
+   * layers on two threads); `'per-thread'`: each thread opens its own login connections (a tunnel's
+   * bytes stay in one thread, with no pipe to copy through).
+   */
+  static async start(
+    access: SiteAccess,
+    opts: { threads: number; login: TunnelLogin },
+    log: TunnelThreadsLog,
+  ): Promise<TunnelThreads> {
+    const count = opts.threads;
     if (!Number.isInteger(count) || count < 1) throw new RangeError(`tunnel threads: ${count}, expected 1 or more`);
     const pipes = await HopPipeServer.start();
-    const threads = new TunnelThreads(pool, pipes, log);
+    const threads = new TunnelThreads(access, opts.login, pipes, log);
     try {
       for (let i = 0; i < count; i++) threads.threads.push(threads.spawn(i));
       await Promise.all(threads.threads.map((t) => t.ready));
@@ -205,7 +227,7 @@ export class TunnelThreads {
       await threads.close();
       throw err;
     }
-    log.info({ threads: count }, 'tunnel threads started');
+    log.info({ threads: count, login: opts.login }, 'tunnel threads started');
     return threads;
   }
 
@@ -230,6 +252,16 @@ export class TunnelThreads {
     return thread.start(`s${this.nextId++}`, opts);
   }
 
+  /**
+   * Ends thread `index` as a crash would (its shadows end as lost carriers, a new thread takes its
+   * place): the fault tests use it, as could an operator with a stuck thread.
+   */
+  async killThread(index: number): Promise<void> {
+    const thread = this.threads[index];
+    if (!thread) throw new RangeError(`no tunnel thread ${index} (there are ${this.threads.length})`);
+    await thread.kill();
+  }
+
   async close(): Promise<void> {
     this.closed = true;
     await Promise.all(this.threads.map((t) => t.stop()));
@@ -238,7 +270,10 @@ export class TunnelThreads {
   }
 
   private spawn(index: number): TunnelThread {
-    return new TunnelThread(index, this.pool, this.pipes, this.log, (thread, why) => this.replace(thread, why));
+    const ownLogin = this.login === 'per-thread' ? this.access.data : undefined;
+    return new TunnelThread(index, this.access.pool, this.pipes, ownLogin, this.log, (thread, why) =>
+      this.replace(thread, why),
+    );
   }
 
   private replace(thread: TunnelThread, why: string): void {

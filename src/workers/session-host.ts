@@ -87,11 +87,21 @@ export class SessionHost {
     const count = wanted === 'auto' ? autoTunnelThreads() : wanted;
     const tunnels =
       count > 0
-        ? await TunnelThreads.start(access.pool, count, {
-            info: (detail, message) => deps.log.info(detail, message),
-            warn: (detail, message) => deps.log.warn(detail, message),
-          })
+        ? await TunnelThreads.start(
+            access,
+            { threads: count, login: 'shared' },
+            {
+              info: (detail, message) => deps.log.info(detail, message),
+              warn: (detail, message) => deps.log.warn(detail, message),
+            },
+          )
         : undefined;
+    if (tunnels && !process.execArgv.includes('--single-threaded-gc')) {
+      deps.log.info(
+        { hint: 'node --single-threaded-gc bin/backhaul.js worker ...' },
+        "node runs V8's background GC: on hosts with few cores the tunnels move less (docs/PERFORMANCE.md)",
+      );
+    }
     await deps.hosts.register(hostId, deps.config.Backhaul.SessionCapacity, 0);
     return new SessionHost(deps, access, tunnels, hostId, connection);
   }

@@ -20,14 +20,17 @@ import {
 import { cancelSubmittedJobs, jobState, sbatch, scancel, stepsOf, waitForState } from '../fixtures/slurm.js';
 
 /**
- * Shadows in tunnel threads (src/ssh/tunnel-threads.ts): the session host keeps the login connection,
- * a worker thread runs the carrier and the forwards, and the login channels reach it through byte
- * pipes. The same outcomes as a shadow in the session host's own thread (shadow-session.test.ts).
+ * Shadows in tunnel threads (src/ssh/tunnel-threads.ts): a worker thread runs the carrier and the
+ * forwards, with login connections of its own ('per-thread') or the session host's reached through
+ * byte pipes ('shared'). The same outcomes as a shadow on the session host's own thread
+ * (shadow-session.test.ts), and a thread that dies costs its shadows, never the session host.
  */
 describe.each([
-  ['node', {}],
-  ['srun', { Sshd: 'userspace', NodeExec: 'srun' }],
-] as const)('shadows in tunnel threads, %s carrier', (mode, reverse) => {
+  ['node', 'per-thread', {}],
+  ['node', 'shared', {}],
+  ['srun', 'per-thread', { Sshd: 'userspace', NodeExec: 'srun' }],
+  ['srun', 'shared', { Sshd: 'userspace', NodeExec: 'srun' }],
+] as const)('shadows in tunnel threads, %s carrier, login %s', (mode, login, reverse) => {
   let h: Harness;
   let echo: { server: Server; port: number };
   let threads: TunnelThreads;
@@ -36,10 +39,14 @@ describe.each([
   beforeAll(async () => {
     h = await harness('allowed', reverse);
     echo = await echoServer();
-    threads = await TunnelThreads.start(h.access.pool, 2, {
-      info: (d, m) => logs.push(`info ${m} ${JSON.stringify(d)}`),
-      warn: (d, m) => logs.push(`warn ${m} ${JSON.stringify(d)}`),
-    });
+    threads = await TunnelThreads.start(
+      h.access,
+      { threads: 2, login },
+      {
+        info: (d, m) => logs.push(`info ${m} ${JSON.stringify(d)}`),
+        warn: (d, m) => logs.push(`warn ${m} ${JSON.stringify(d)}`),
+      },
+    );
   });
 
   afterAll(async () => {
@@ -128,4 +135,38 @@ describe.each([
     await waitFor('login lease given back', () => (threads.loginLeases === 0 ? true : undefined), 5_000);
     await scancel(jobId);
   }, 120_000);
+
+  it('a tunnel thread that dies ends its shadows as lost carriers, leaves no lease, and is replaced', async () => {
+    const podUid = uid();
+    const plan = planFor(h, podUid, `15004:127.0.0.1:${echo.port}`);
+    const jobId = await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
+    const { phases, warnings, ended } = start(plan);
+    await waitFor('forwards', () => phases.some((p) => p.type === 'FORWARDS_READY'), 60_000).catch((err: Error) => {
+      throw new Error(`${err.message}: phases ${JSON.stringify(phases)}; warnings ${warnings.join(' | ')}`);
+    });
+    const index = threads.loads.findIndex((n) => n > 0);
+    expect(index, `loads ${JSON.stringify(threads.loads)}`).toBeGreaterThanOrEqual(0);
+    await threads.killThread(index);
+    const end = await ended;
+    expect(end, JSON.stringify(phases)).toMatchObject({ type: 'CARRIER_LOST' });
+    expect(phases.at(-1)).toMatchObject({
+      type: 'CARRIER_LOST',
+      reason: expect.stringContaining(`tunnel thread ${index}`),
+    });
+    expect(threads.loads.reduce((a, b) => a + b, 0)).toBe(0);
+    expect(threads.loginLeases).toBe(0);
+    // The replacement takes new shadows: the same pod's next generation comes up in it.
+    const again = start(plan);
+    await waitFor('forwards again', () => again.phases.some((p) => p.type === 'FORWARDS_READY'), 60_000).catch(
+      (err: Error) => {
+        throw new Error(
+          `${err.message}: phases ${JSON.stringify(again.phases)}; warnings ${again.warnings.join(' | ')}`,
+        );
+      },
+    );
+    await again.shadow.close('test');
+    expect((await again.ended).type).toBe('CLOSED');
+    for (const f of plan.forwards) expect(await exists(f.socketPath)).toBe(false);
+    await scancel(jobId);
+  }, 150_000);
 });
