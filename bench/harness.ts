@@ -3,8 +3,10 @@
  * child processes that die with the benchmark (PR_SET_PDEATHSIG), timeouts and small statistics.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
+import { readdirSync, readFileSync } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
+import { descendantsOf, isAlive } from '../test/fixtures/sshd.js';
 import { type TestUser, userEnv } from '../test/fixtures/users.js';
 
 export const MiB = 1024 * 1024;
@@ -183,4 +185,99 @@ export function commandExists(name: string): Promise<boolean> {
     p.once('close', (code) => resolve(code === 0));
     p.once('error', () => resolve(false));
   });
+}
+
+// ------------------------------------------------------------------------------------------ CPU accounting
+
+const CLK_TCK = 100;
+
+/** utime+stime+cutime+cstime of a process in seconds (reaped children included), 0 if gone. */
+export function cpuSeconds(pid: number): number {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    // fields after ")" start at field 3 (state): utime is field 14 -> index 11.
+    return (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) / CLK_TCK;
+  } catch {
+    return 0;
+  }
+}
+
+/** read + write system calls of a process (reaped children included, like cutime), 0 if gone. */
+export function syscalls(pid: number | 'self'): number {
+  try {
+    const io = readFileSync(`/proc/${pid}/io`, 'utf8');
+    const r = /syscr: (\d+)/.exec(io);
+    const w = /syscw: (\d+)/.exec(io);
+    return Number(r?.[1] ?? 0) + Number(w?.[1] ?? 0);
+  } catch {
+    return 0;
+  }
+}
+
+/** Busy and total jiffies of the whole machine (every engineer's processes, not only ours). */
+export function machineJiffies(): { busy: number; total: number } {
+  const line = readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? '';
+  const v = line.trim().split(/\s+/).slice(1).map(Number);
+  const total = v.reduce((a, b) => a + b, 0);
+  const idle = (v[3] ?? 0) + (v[4] ?? 0);
+  return { busy: total - idle, total };
+}
+
+export type CpuGroups = Record<string, () => number[]>;
+export interface CpuSnapshot {
+  groups: Record<string, Map<number, { cpu: number; sys: number }>>;
+  self: NodeJS.CpuUsage;
+  selfSys: number;
+  machine: { busy: number; total: number };
+}
+
+export function snapshot(groups: CpuGroups): CpuSnapshot {
+  const out: CpuSnapshot['groups'] = {};
+  for (const [name, pids] of Object.entries(groups)) {
+    out[name] = new Map(pids().map((p) => [p, { cpu: cpuSeconds(p), sys: syscalls(p) }]));
+  }
+  return { groups: out, self: process.cpuUsage(), selfSys: syscalls('self'), machine: machineJiffies() };
+}
+
+/** CPU seconds used per group between two snapshots (processes that ended in between are lost). */
+export function cpuDelta(
+  before: CpuSnapshot,
+  groups: CpuGroups,
+): {
+  cpu: Record<string, number>;
+  sys: Record<string, number>;
+  machineBusy: number;
+  machineBusySeconds: number;
+} {
+  const after = snapshot(groups);
+  const cpu: Record<string, number> = {};
+  const sys: Record<string, number> = {};
+  for (const [name, now] of Object.entries(after.groups)) {
+    const then = before.groups[name] ?? new Map<number, { cpu: number; sys: number }>();
+    let sumCpu = 0;
+    let sumSys = 0;
+    for (const [pid, v] of now) {
+      sumCpu += v.cpu - (then.get(pid)?.cpu ?? 0);
+      sumSys += v.sys - (then.get(pid)?.sys ?? 0);
+    }
+    cpu[name] = Math.max(0, sumCpu);
+    sys[name] = Math.max(0, sumSys);
+  }
+  const self = process.cpuUsage(before.self);
+  cpu['bench process (ssh2)'] = (self.user + self.system) / 1e6;
+  sys['bench process (ssh2)'] = after.selfSys - before.selfSys;
+  const dBusy = after.machine.busy - before.machine.busy;
+  const dTotal = after.machine.total - before.machine.total;
+  return { cpu, sys, machineBusy: dTotal > 0 ? dBusy / dTotal : 0, machineBusySeconds: dBusy / CLK_TCK };
+}
+
+export const treeOf = (pid: number) => (isAlive(pid) ? [pid, ...descendantsOf(pid)] : []);
+
+export function safeReaddir(dir: string): string[] {
+  try {
+    return readdirSync(dir);
+  } catch {
+    return [];
+  }
 }

@@ -36,7 +36,9 @@ import { freePort } from '../test/fixtures/sshd.js';
 import { lookupUser, type TestUser } from '../test/fixtures/users.js';
 import {
   benchName,
+  type CpuGroups,
   cleanupAll,
+  cpuDelta,
   lpad,
   median,
   onCleanup,
@@ -44,10 +46,12 @@ import {
   pad,
   ROOT,
   say,
+  snapshot,
   start,
+  treeOf,
   withTimeout,
 } from './harness.js';
-import { openShadowTunnel, startShadowHost } from './shadow-path.js';
+import { openShadowTunnel, relayOf, startShadowHost } from './shadow-path.js';
 import { type Forward, openSshReverse, PINNED_CIPHER, startRelay } from './site-paths.js';
 
 benchName('bench:latency');
@@ -76,6 +80,8 @@ interface PathDef {
   key: string;
   label: string;
   endpoints: Endpoints;
+  /** The processes of this path whose CPU is counted per request (the sshds and the server are added). */
+  groups: CpuGroups;
 }
 
 /** One measurement: the headline figure and what else the client said. */
@@ -84,12 +90,14 @@ interface Figures {
   rps: number;
   p50us: number;
   p99us: number;
+  /** Requests (round trips, transactions) in the run. */
+  requests: number;
 }
 
 // ------------------------------------------------------------------------------------------ servers
 
 /** A PostgreSQL of our own (initdb in a temp dir, fsync off), with pgbench's tables in database `bench`. */
-async function startPostgres(): Promise<number> {
+async function startPostgres(): Promise<{ port: number; pid: number }> {
   const pgUser = await lookupUser('postgres');
   if (!pgUser) throw new Error('no postgres user: install postgresql (apt-get install postgresql)');
   const dir = await mkdtemp(join(tmpdir(), 'bh-bench-pg-'));
@@ -137,10 +145,10 @@ async function startPostgres(): Promise<number> {
   await mustRun('createdb', 'createdb', [...pgArgs, 'bench']);
   await mustRun('pgbench -i', 'pgbench', ['-i', '-q', '-s', '4', ...pgArgs, 'bench']);
   say(`postgres on 127.0.0.1:${port} (private, pgbench scale 4)`);
-  return port;
+  return { port, pid: server.pid };
 }
 
-async function startRedis(): Promise<number> {
+async function startRedis(): Promise<{ port: number; pid: number }> {
   const port = await freePort();
   const redis = start('redis-server', 'redis-server', [
     '--port',
@@ -154,7 +162,7 @@ async function startRedis(): Promise<number> {
   ]);
   await redis.line(/Ready to accept connections/, 15_000);
   say(`redis on 127.0.0.1:${port} (private)`);
-  return port;
+  return { port, pid: redis.pid };
 }
 
 async function mustRun(name: string, command: string, args: readonly string[], user?: TestUser): Promise<string> {
@@ -187,8 +195,13 @@ async function pingPong(user: TestUser, path: PathDef, kind: 'seq' | 'conc8' | '
     [PEER, 'client', ...where(path.endpoints.echo), '--size', '64', ...args],
     user,
   );
-  const r = JSON.parse(out.trim().split('\n').pop() ?? '{}') as { rps: number; p50_us: number; p99_us: number };
-  return { rps: r.rps, p50us: r.p50_us, p99us: r.p99_us };
+  const r = JSON.parse(out.trim().split('\n').pop() ?? '{}') as {
+    rps: number;
+    p50_us: number;
+    p99_us: number;
+    rtts: number;
+  };
+  return { rps: r.rps, p50us: r.p50_us, p99us: r.p99_us, requests: r.rtts };
 }
 
 async function pgbench(user: TestUser, path: PathDef): Promise<Figures> {
@@ -220,7 +233,8 @@ async function pgbench(user: TestUser, path: PathDef): Promise<Figures> {
   const latency = /latency average = ([\d.]+) ms/.exec(out);
   if (!tps) throw new Error(`pgbench printed no tps: ${out.slice(-300)}`);
   const avgUs = Number(latency?.[1] ?? Number.NaN) * 1000;
-  return { rps: Number(tps[1]), p50us: avgUs, p99us: Number.NaN };
+  const done = /number of transactions actually processed: (\d+)/.exec(out);
+  return { rps: Number(tps[1]), p50us: avgUs, p99us: Number.NaN, requests: Number(done?.[1] ?? Number.NaN) };
 }
 
 async function redisBenchmark(user: TestUser, path: PathDef): Promise<Figures> {
@@ -240,13 +254,15 @@ async function redisBenchmark(user: TestUser, path: PathDef): Promise<Figures> {
     .map((l) => l.split(',').map((f) => f.replace(/"/g, '')));
   if (rows.length === 0) throw new Error(`redis-benchmark printed no results: ${out.slice(-300)}`);
   const mean = (i: number) => rows.reduce((a, r) => a + Number(r[i]), 0) / rows.length;
-  return { rps: mean(1), p50us: mean(4) * 1000, p99us: mean(6) * 1000 };
+  return { rps: mean(1), p50us: mean(4) * 1000, p99us: mean(6) * 1000, requests: rows.length * REDIS_REQUESTS };
 }
 
 // ------------------------------------------------------------------------------------------ main
 
 interface Sample extends Figures {
   round: number;
+  /** CPU µs per request of each process group (sshds, ours, relay, server). */
+  cpuUs: Record<string, number>;
 }
 
 interface Row {
@@ -282,11 +298,10 @@ async function main(): Promise<void> {
 
   const echo = start('echo', PYTHON, [PEER, 'echo']);
   const echoPort = (JSON.parse(await echo.line(/"listening"/, 15_000)) as { listening: number }).listening;
-  const ports: Record<Service, number> = {
-    echo: echoPort,
-    pg: KINDS.has('pgbench') ? await startPostgres() : 0,
-    redis: KINDS.has('redis') ? await startRedis() : 0,
-  };
+  const pg = KINDS.has('pgbench') ? await startPostgres() : undefined;
+  const redis = KINDS.has('redis') ? await startRedis() : undefined;
+  const ports: Record<Service, number> = { echo: echoPort, pg: pg?.port ?? 0, redis: redis?.port ?? 0 };
+  const serverPids = () => [echo.pid, ...(pg ? treeOf(pg.pid) : []), ...(redis ? [redis.pid] : [])];
   const services = SERVICES.filter((s) => ports[s] > 0);
 
   const paths: PathDef[] = [];
@@ -295,20 +310,32 @@ async function main(): Promise<void> {
   const unix = (socket: (s: Service) => string): Endpoints =>
     Object.fromEntries(SERVICES.map((s) => [s, { unix: socket(s) }])) as Endpoints;
   if (PATHS.has('direct'))
-    paths.push({ key: 'direct', label: 'direct loopback TCP', endpoints: tcp('127.0.0.1', (s) => ports[s]) });
+    paths.push({
+      key: 'direct',
+      label: 'direct loopback TCP',
+      endpoints: tcp('127.0.0.1', (s) => ports[s]),
+      groups: {},
+    });
 
   const sshTunnel = async () => {
     const dir = join(work, 'b');
     await mkdir(dir, { mode: 0o700 });
     chownSync(dir, user.uid, user.gid);
     const forwards: Forward[] = services.map((s) => ({ socket: join(dir, `${s}.sock`), port: ports[s] }));
-    await openSshReverse(site, work, user, forwards);
+    const ssh = await openSshReverse(site, work, user, forwards);
     const name = '(b) OpenSSH ssh -J -R';
-    if (PATHS.has('b')) paths.push({ key: 'b', label: name, endpoints: unix((s) => join(dir, `${s}.sock`)) });
+    const clients: CpuGroups = { 'ssh -J (ours)': () => treeOf(ssh.pid) };
+    if (PATHS.has('b'))
+      paths.push({ key: 'b', label: name, endpoints: unix((s) => join(dir, `${s}.sock`)), groups: clients });
     if (PATHS.has('br')) {
       const relay = await startRelay(user, relayPath, dir, forwards);
       const relayPort = (s: Service) => relay.ports[services.indexOf(s)] ?? 0;
-      paths.push({ key: 'br', label: `${name} + relay`, endpoints: tcp(relay.address, relayPort) });
+      paths.push({
+        key: 'br',
+        label: `${name} + relay`,
+        endpoints: tcp(relay.address, relayPort),
+        groups: { ...clients, relay: () => treeOf(relay.child.pid) },
+      });
     }
   };
   /** A pod as the fleet runs it: its job's prelude starts the relay, a shadow binds the forwards. */
@@ -319,12 +346,16 @@ async function main(): Promise<void> {
       services.map((s) => ports[s]),
     );
     const at = (s: Service) => services.indexOf(s);
-    if (PATHS.has(key)) paths.push({ key, label: name, endpoints: unix((s) => tunnel.sockets[at(s)] ?? '') });
+    // The benchmark's own process holds the shadow hosts: its CPU is the fleet's for the path measured.
+    const ours: CpuGroups = { 'backhaul (ours)': () => [process.pid] };
+    if (PATHS.has(key))
+      paths.push({ key, label: name, endpoints: unix((s) => tunnel.sockets[at(s)] ?? ''), groups: ours });
     if (PATHS.has(`${key}r`)) {
       paths.push({
         key: `${key}r`,
         label: `${name} + relay`,
         endpoints: tcp(tunnel.address, (s) => tunnel.ports[at(s)] ?? 0),
+        groups: { ...ours, relay: () => relayOf(user.uid, tunnel.uid) },
       });
     }
   };
@@ -343,7 +374,12 @@ async function main(): Promise<void> {
       rows.push({ kind, path, samples: [] });
     }
   }
-  const measure = (row: Row): Promise<Figures> => {
+  const common: CpuGroups = {
+    'login sshd': () => site.login.processes(),
+    'node sshd': () => site.node.processes(),
+    server: () => serverPids(),
+  };
+  const run = (row: Row): Promise<Figures> => {
     if (row.kind === 'pgbench') return pgbench(user, row.path);
     if (row.kind === 'redis') return redisBenchmark(user, row.path);
     return pingPong(user, row.path, row.kind);
@@ -352,8 +388,17 @@ async function main(): Promise<void> {
     for (const row of rows) {
       if (row.error) continue;
       try {
-        const f = await measure(row);
-        row.samples.push({ round, ...f });
+        const groups = { ...common, ...row.path.groups };
+        const before = snapshot(groups);
+        const f = await run(row);
+        const { cpu } = cpuDelta(before, groups);
+        // The benchmark's own process is counted by cpuDelta as 'bench process (ssh2)': it is ours only when
+        // the path is backhaul's (its shadows live here).
+        const own = cpu['bench process (ssh2)'] ?? 0;
+        delete cpu['bench process (ssh2)'];
+        if ('backhaul (ours)' in groups) cpu['backhaul (ours)'] = own;
+        const cpuUs = Object.fromEntries(Object.entries(cpu).map(([k, v]) => [k, (v * 1e6) / f.requests]));
+        row.samples.push({ round, ...f, cpuUs });
         say(
           `round ${round}/${REPEAT} ${pad(row.kind, 8)} ${pad(row.path.label, 36)} ${lpad(f.rps.toFixed(0), 7)}/s  p50 ${lpad(f.p50us.toFixed(0), 6)} µs  p99 ${lpad(Number.isNaN(f.p99us) ? '-' : f.p99us.toFixed(0), 6)} µs`,
         );
@@ -400,6 +445,18 @@ function report(rows: Row[]): string {
   }
   out.push('');
   out.push('(pgbench: p50 is its "latency average"; redis: the mean over ping, set and get of its p50 and p99.)');
+  out.push('');
+  out.push('## CPU µs per request (medians; the clients are not counted, "server" is the echo server, PostgreSQL or Redis)');
+  out.push('');
+  const names = [...new Set(rows.flatMap((r) => r.samples.flatMap((x) => Object.keys(x.cpuUs))))];
+  out.push(`| measure | path | ${names.join(' | ')} | all counted |`);
+  out.push(`|---|---|${names.map(() => '---:').join('|')}|---:|`);
+  for (const row of rows) {
+    if (!row.samples.length) continue;
+    const per = (k: string) => med(row, (x) => x.cpuUs[k] ?? 0);
+    const all = med(row, (x) => Object.values(x.cpuUs).reduce((a, b) => a + b, 0));
+    out.push(`| ${row.kind} | ${row.path.label} | ${names.map((k) => fmt(per(k), 1)).join(' | ')} | ${fmt(all, 1)} |`);
+  }
   out.push('');
   out.push('## Ratios against the aims (paired: median over rounds of the ratio within a round)');
   out.push('');

@@ -4,6 +4,7 @@
  * host's own thread, opens the node carrier and binds the forwards. The benchmarks' clients then use
  * either the node sockets (the carrier alone) or the relay's address (what a workload dials).
  */
+import { readFileSync } from 'node:fs';
 import { chown, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -14,7 +15,7 @@ import { type Shadow, type TunnelLogin, TunnelThreads } from '../src/ssh/tunnel-
 import type { LoopbackSite } from '../test/fixtures/loopback-site.js';
 import { jobScript, planFor, uid } from '../test/fixtures/shadow-harness.js';
 import { sbatch, scancel } from '../test/fixtures/slurm.js';
-import { onCleanup, PYTHON, say, withTimeout } from './harness.js';
+import { onCleanup, PYTHON, safeReaddir, say, withTimeout } from './harness.js';
 
 /** BENCH_TUNNEL_LOGIN: where tunnel threads get their login connections (per-thread, the default, or shared). */
 export const TUNNEL_LOGIN: TunnelLogin = process.env.BENCH_TUNNEL_LOGIN === 'shared' ? 'shared' : 'per-thread';
@@ -54,6 +55,8 @@ export async function startShadowHost(site: LoopbackSite, threads: number): Prom
 }
 
 export interface ShadowTunnel {
+  /** The pod's UID (its job's name, its relay's --uid). */
+  uid: string;
   /** The node socket of each forward, in the order asked. */
   sockets: string[];
   /** The relay's address and the listen port of each forward. */
@@ -108,8 +111,25 @@ export async function openShadowTunnel(
     `forwards of ${podUid} (phases ${JSON.stringify(phases)})`,
   );
   return {
+    uid: podUid,
     sockets: plan.forwards.map((f) => f.socketPath),
     address: plan.bindAddress,
     ports: plan.forwards.map((f) => f.listenPort),
   };
+}
+
+/** The relay the prelude of pod `podUid` started (a process of the job user), for CPU accounting. */
+export function relayOf(userUid: number, podUid: string): number[] {
+  const pids: number[] = [];
+  for (const entry of safeReaddir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const cmd = readFileSync(`/proc/${entry}/cmdline`, 'utf8');
+      const owner = readFileSync(`/proc/${entry}/status`, 'utf8').match(/^Uid:\s+(\d+)/m)?.[1];
+      if (Number(owner) === userUid && cmd.includes(`serve\0--uid=${podUid}\0`)) pids.push(Number(entry));
+    } catch {
+      // gone
+    }
+  }
+  return pids;
 }

@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { chmodSync, chownSync, readdirSync, readFileSync } from 'node:fs';
+import { chmodSync, chownSync, readFileSync } from 'node:fs';
 import { copyFile, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -8,13 +8,15 @@ import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { autoTunnelThreads } from '../src/ssh/tunnel-threads.js';
 import { type LoopbackSite, startLoopbackSite } from '../test/fixtures/loopback-site.js';
 import { sbatch, scancel, waitForState } from '../test/fixtures/slurm.js';
-import { descendantsOf, isAlive } from '../test/fixtures/sshd.js';
+import { isAlive } from '../test/fixtures/sshd.js';
 import type { TestUser } from '../test/fixtures/users.js';
 import {
   best,
   type Child,
+  type CpuGroups,
   cleanupAll,
   commandExists,
+  cpuDelta,
   lpad,
   MiB,
   median,
@@ -23,12 +25,15 @@ import {
   pad,
   parseBytes,
   ROOT,
+  safeReaddir,
   say,
+  snapshot,
   start,
+  treeOf,
   waitForSocket,
   withTimeout,
 } from './harness.js';
-import { openShadowTunnel, type ShadowHost, type ShadowTunnel, startShadowHost } from './shadow-path.js';
+import { openShadowTunnel, relayOf, type ShadowHost, type ShadowTunnel, startShadowHost } from './shadow-path.js';
 import { CIPHER, openBackhaulForwards, openSshReverse, PINNED_CIPHER } from './site-paths.js';
 
 const PEER_SOURCE = join(ROOT, 'bench', 'tunnel_peer.py');
@@ -40,7 +45,6 @@ const RELAY_SOURCE = join(ROOT, 'src', 'render', 'relay.py');
  */
 let PEER = PEER_SOURCE;
 let RELAY = RELAY_SOURCE;
-const CLK_TCK = 100;
 
 // ------------------------------------------------------------------------------------------ settings
 
@@ -62,89 +66,6 @@ const TUNNEL_THREADS =
     : Number(process.env.BENCH_TUNNEL_THREADS);
 const fmtBytes = (n: number) => (n % MiB === 0 ? `${n / MiB} MiB` : `${n} bytes`);
 
-/** utime+stime+cutime+cstime of a process in seconds (reaped children included), 0 if gone. */
-function cpuSeconds(pid: number): number {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    // fields after ")" start at field 3 (state): utime is field 14 -> index 11.
-    return (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) / CLK_TCK;
-  } catch {
-    return 0;
-  }
-}
-
-/** read + write system calls of a process (reaped children included, like cutime), 0 if gone. */
-function syscalls(pid: number | 'self'): number {
-  try {
-    const io = readFileSync(`/proc/${pid}/io`, 'utf8');
-    const r = /syscr: (\d+)/.exec(io);
-    const w = /syscw: (\d+)/.exec(io);
-    return Number(r?.[1] ?? 0) + Number(w?.[1] ?? 0);
-  } catch {
-    return 0;
-  }
-}
-
-/** Busy and total jiffies of the whole machine (every engineer's processes, not only ours). */
-function machineJiffies(): { busy: number; total: number } {
-  const line = readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? '';
-  const v = line.trim().split(/\s+/).slice(1).map(Number);
-  const total = v.reduce((a, b) => a + b, 0);
-  const idle = (v[3] ?? 0) + (v[4] ?? 0);
-  return { busy: total - idle, total };
-}
-
-type CpuGroups = Record<string, () => number[]>;
-interface CpuSnapshot {
-  groups: Record<string, Map<number, { cpu: number; sys: number }>>;
-  self: NodeJS.CpuUsage;
-  selfSys: number;
-  machine: { busy: number; total: number };
-}
-
-function snapshot(groups: CpuGroups): CpuSnapshot {
-  const out: CpuSnapshot['groups'] = {};
-  for (const [name, pids] of Object.entries(groups)) {
-    out[name] = new Map(pids().map((p) => [p, { cpu: cpuSeconds(p), sys: syscalls(p) }]));
-  }
-  return { groups: out, self: process.cpuUsage(), selfSys: syscalls('self'), machine: machineJiffies() };
-}
-
-/** CPU seconds used per group between two snapshots (processes that ended in between are lost). */
-function cpuDelta(
-  before: CpuSnapshot,
-  groups: CpuGroups,
-): {
-  cpu: Record<string, number>;
-  sys: Record<string, number>;
-  machineBusy: number;
-  machineBusySeconds: number;
-} {
-  const after = snapshot(groups);
-  const cpu: Record<string, number> = {};
-  const sys: Record<string, number> = {};
-  for (const [name, now] of Object.entries(after.groups)) {
-    const then = before.groups[name] ?? new Map<number, { cpu: number; sys: number }>();
-    let sumCpu = 0;
-    let sumSys = 0;
-    for (const [pid, v] of now) {
-      sumCpu += v.cpu - (then.get(pid)?.cpu ?? 0);
-      sumSys += v.sys - (then.get(pid)?.sys ?? 0);
-    }
-    cpu[name] = Math.max(0, sumCpu);
-    sys[name] = Math.max(0, sumSys);
-  }
-  const self = process.cpuUsage(before.self);
-  cpu['bench process (ssh2)'] = (self.user + self.system) / 1e6;
-  sys['bench process (ssh2)'] = after.selfSys - before.selfSys;
-  const dBusy = after.machine.busy - before.machine.busy;
-  const dTotal = after.machine.total - before.machine.total;
-  return { cpu, sys, machineBusy: dTotal > 0 ? dBusy / dTotal : 0, machineBusySeconds: dBusy / CLK_TCK };
-}
-
-const treeOf = (pid: number) => (isAlive(pid) ? [pid, ...descendantsOf(pid)] : []);
-
 /** slurmstepd processes of job J and everything under them (the steps' tasks: cat, user-space sshd). */
 function stepdTree(jobId: string): number[] {
   const pids: number[] = [];
@@ -158,14 +79,6 @@ function stepdTree(jobId: string): number[] {
     }
   }
   return pids;
-}
-
-function safeReaddir(dir: string): string[] {
-  try {
-    return readdirSync(dir);
-  } catch {
-    return [];
-  }
 }
 
 // ------------------------------------------------------------------------------------------ data
@@ -371,7 +284,7 @@ async function pathD(ctx: Context): Promise<Row[]> {
     '(d) (c) + relay.py',
     { tcp: `${address}:${ports[0]}` },
     {
-      relay: () => relayOf(ctx.user),
+      relay: () => relayOf(ctx.user.uid, ctx.tunnel?.uid ?? ''),
     },
   );
 }
@@ -416,22 +329,6 @@ async function pathC8(ctx: Context): Promise<Row[]> {
   const sockets: string[] = [];
   for (let i = 0; i < PARALLEL; i++) sockets.push(...(await openShadowTunnel(host, [ctx.sinkPort])).sockets);
   return parallelRows(ctx, 'c8', `(c8) ${PARALLEL} x backhaul, tunnel threads (${TUNNEL_THREADS})`, sockets, {});
-}
-
-/** The relays the preludes of the job user's jobs started. */
-function relayOf(user: TestUser): number[] {
-  const pids: number[] = [];
-  for (const entry of safeReaddir('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const cmd = readFileSync(`/proc/${entry}/cmdline`, 'utf8');
-      const owner = readFileSync(`/proc/${entry}/status`, 'utf8').match(/^Uid:\s+(\d+)/m)?.[1];
-      if (Number(owner) === user.uid && cmd.includes('serve\0--uid=')) pids.push(Number(entry));
-    } catch {
-      // gone
-    }
-  }
-  return pids;
 }
 
 async function pathE(ctx: Context): Promise<Row[]> {

@@ -305,59 +305,173 @@ def _close(sock):
         pass
 
 
-class Connection(object):
-    """Two sockets joined by two pump threads."""
+class Flow(object):
+    """One direction of a joined pair: bytes read from src and not yet written to dst."""
+
+    __slots__ = ("src", "dst", "name", "pending", "eof", "shut")
+
+    def __init__(self, src, dst, name):
+        self.src = src
+        self.dst = dst
+        self.name = name
+        self.pending = b""
+        self.eof = False   # src said EOF
+        self.shut = False  # and dst was told (shutdown SHUT_WR)
+
+
+class Link(object):
+    """A client joined to its unix socket, both non-blocking, moved by the Pump's loop."""
 
     def __init__(self, client, upstream, label):
+        self.label = label
         self.client = client
         self.upstream = upstream
-        self.label = label
+        self.flows = (Flow(client, upstream, "from client"), Flow(upstream, client, "from unix socket"))
+        self.registered = {}  # socket -> events it is registered for
+        self.closed = False
+
+    def events_of(self, sock):
+        """Read from sock while what it sent before is written; write to it while bytes wait."""
+        events = 0
+        for flow in self.flows:
+            if flow.src is sock and not flow.eof and not flow.pending:
+                events |= selectors.EVENT_READ
+            if flow.dst is sock and flow.pending:
+                events |= selectors.EVENT_WRITE
+        return events
+
+
+class Pump(threading.Thread):
+    """Moves the bytes of every connection on one thread with one selector.
+
+    A thread per direction made every request/response pay for a thread
+    wake-up and the GIL changing hands, and many connections fought over it;
+    here a round trip costs a select, a recv and a send.
+    """
+
+    def __init__(self):
+        threading.Thread.__init__(self, name="relay-pump")
+        self.daemon = True
+        self.selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._lock = threading.Lock()
-        self._running = 2
-        self._failed = False
+        self._incoming = []
 
-    def pump(self, src, dst, direction):
-        buf = bytearray(BUFFER_SIZE)
-        view = memoryview(buf)
+    def add(self, link):
+        with self._lock:
+            self._incoming.append(link)
         try:
-            while True:
-                n = src.recv_into(buf)
-                if not n:
-                    break
-                dst.sendall(view[:n])
-            try:
-                dst.shutdown(socket.SHUT_WR)
-            except OSError:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, InterruptedError):
+            pass  # a wake-up is already pending
+
+    def run(self):
+        while True:
+            for key, mask in self.selector.select():
+                if key.data is None:
+                    self._take_incoming()
+                else:
+                    self._serve(key.data, key.fileobj, mask)
+
+    def _take_incoming(self):
+        try:
+            while self._wake_r.recv(4096):
                 pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        with self._lock:
+            links, self._incoming = self._incoming, []
+        for link in links:
+            link.client.setblocking(False)
+            link.upstream.setblocking(False)
+            self._update(link)
+
+    def _serve(self, link, sock, mask):
+        try:
+            for flow in link.flows:
+                if flow.dst is sock and mask & selectors.EVENT_WRITE:
+                    self._flush(flow)
+            for flow in link.flows:
+                if flow.src is sock and mask & selectors.EVENT_READ:
+                    data = sock.recv(BUFFER_SIZE)
+                    if data:
+                        flow.pending = data
+                        self._flush(flow)
+                    else:
+                        flow.eof = True
+            for flow in link.flows:
+                if flow.eof and not flow.pending and not flow.shut:
+                    flow.shut = True
+                    try:
+                        flow.dst.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+        except (BlockingIOError, InterruptedError):
+            pass
         except Exception as exc:
-            self._fail(direction, exc)
-        finally:
-            self._finish()
+            failed = next((f.name for f in link.flows if f.src is sock), "?")
+            log("%s: %s: %s" % (link.label, failed, _errtext(exc)))
+            self._close(link)
+            return
+        if all(flow.shut for flow in link.flows):
+            self._close(link)
+        else:
+            self._update(link)
 
-    def _fail(self, direction, exc):
-        with self._lock:
-            first = not self._failed
-            self._failed = True
-        if first:
-            log("%s: %s: %s" % (self.label, direction, _errtext(exc)))
-        # wake the other direction, which may be blocked in recv or send
-        for sock in (self.client, self.upstream):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    @staticmethod
+    def _flush(flow):
+        while flow.pending:
+            sent = flow.dst.send(flow.pending)
+            flow.pending = flow.pending[sent:]
 
-    def _finish(self):
-        with self._lock:
-            self._running -= 1
-            last = self._running == 0
-        if last:
-            _close(self.client)
-            _close(self.upstream)
+    def _update(self, link):
+        for sock in (link.client, link.upstream):
+            wanted = link.events_of(sock)
+            had = link.registered.get(sock, 0)
+            if wanted == had:
+                continue
+            if had and wanted:
+                self.selector.modify(sock, wanted, link)
+            elif wanted:
+                self.selector.register(sock, wanted, link)
+            else:
+                self.selector.unregister(sock)
+            link.registered[sock] = wanted
+
+    def _close(self, link):
+        if link.closed:
+            return
+        link.closed = True
+        for sock in (link.client, link.upstream):
+            if link.registered.get(sock):
+                try:
+                    self.selector.unregister(sock)
+                except (KeyError, ValueError):
+                    pass
+            _close(sock)
+
+
+_pump = None
+_pump_lock = threading.Lock()
+
+
+def pump():
+    """The process's one Pump, started on first use."""
+    global _pump
+    with _pump_lock:
+        if _pump is None:
+            _pump = Pump()
+            _pump.start()
+        return _pump
 
 
 def handle(client, listen_label, socket_path, my_uid):
-    """Per-connection entry point, in its own thread. Never raises."""
+    """Checks and connects one client, in a thread of its own (the /proc lookup
+    and the unix connect may take a while); then hands the pair to the Pump.
+    Never raises."""
     peer_label = "?"
     label = "? -> %s" % listen_label
     try:
@@ -385,18 +499,7 @@ def handle(client, listen_label, socket_path, my_uid):
             log("%s: cannot connect %s: %s" % (label, socket_path, _errtext(exc)))
             return
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = Connection(client, upstream, label)
-        other = threading.Thread(target=conn.pump, args=(upstream, client, "from unix socket"),
-                                 name="relay-down")
-        other.daemon = True
-        try:
-            other.start()
-        except Exception as exc:
-            _close(upstream)
-            _close(client)
-            log("%s: cannot start a thread: %s" % (label, exc))
-            return
-        conn.pump(client, upstream, "from client")
+        pump().add(Link(client, upstream, label))
     except Exception as exc:
         _close(client)
         log("%s: %s" % (label, _errtext(exc)))
