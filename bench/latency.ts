@@ -446,7 +446,9 @@ function report(rows: Row[]): string {
   out.push('');
   out.push('(pgbench: p50 is its "latency average"; redis: the mean over ping, set and get of its p50 and p99.)');
   out.push('');
-  out.push('## CPU µs per request (medians; the clients are not counted, "server" is the echo server, PostgreSQL or Redis)');
+  out.push(
+    '## CPU µs per request (medians; the clients are not counted, "server" is the echo server, PostgreSQL or Redis)',
+  );
   out.push('');
   const names = [...new Set(rows.flatMap((r) => r.samples.flatMap((x) => Object.keys(x.cpuUs))))];
   out.push(`| measure | path | ${names.join(' | ')} | all counted |`);

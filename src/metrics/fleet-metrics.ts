@@ -74,6 +74,23 @@ export const sshCrypto = new Gauge({
   registers: [registry],
 });
 
+/** What the tunnel-thread gauge reads when scraped (set by the session host that has threads). */
+let tunnelLoads: () => readonly number[] = () => [];
+export function reportTunnelLoads(source: () => readonly number[]): void {
+  tunnelLoads = source;
+}
+
+export const tunnelThreadShadows = new Gauge({
+  name: 'backhaul_tunnel_thread_shadows',
+  help: "Shadows each of this session host's tunnel threads carries (read when scraped; none with TunnelThreads 0).",
+  labelNames: ['thread'] as const,
+  registers: [registry],
+  collect() {
+    this.reset();
+    for (const [thread, load] of tunnelLoads().entries()) this.set({ thread: String(thread) }, load);
+  },
+});
+
 export const shadowsHeld = new Gauge({
   name: 'backhaul_shadows_held',
   help: 'Shadow sessions this session host holds now.',

@@ -73,7 +73,7 @@ import threading
 import time
 
 PROG = "backhaul-relay"
-BUFFER_SIZE = 256 * 1024
+BUFFER_SIZE = 256 * 1024  # per direction of each connection (as the threaded relay had)
 POLL_SECONDS = 0.5
 UNIX_CONNECT_TIMEOUT = 10.0
 MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes including the NUL
@@ -308,13 +308,16 @@ def _close(sock):
 class Flow(object):
     """One direction of a joined pair: bytes read from src and not yet written to dst."""
 
-    __slots__ = ("src", "dst", "name", "pending", "eof", "shut")
+    __slots__ = ("src", "dst", "name", "buffer", "pending", "eof", "shut")
 
     def __init__(self, src, dst, name):
         self.src = src
         self.dst = dst
         self.name = name
-        self.pending = b""
+        # Read into the same buffer each time: src is read only once pending is written out, so
+        # nothing is allocated or copied per read, and a partial send keeps a view, not a copy.
+        self.buffer = memoryview(bytearray(BUFFER_SIZE))
+        self.pending = self.buffer[:0]
         self.eof = False   # src said EOF
         self.shut = False  # and dst was told (shutdown SHUT_WR)
 
@@ -396,9 +399,9 @@ class Pump(threading.Thread):
                     self._flush(flow)
             for flow in link.flows:
                 if flow.src is sock and mask & selectors.EVENT_READ:
-                    data = sock.recv(BUFFER_SIZE)
-                    if data:
-                        flow.pending = data
+                    count = sock.recv_into(flow.buffer)
+                    if count:
+                        flow.pending = flow.buffer[:count]
                         self._flush(flow)
                     else:
                         flow.eof = True

@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { type Job, WaitingError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { PodEvent } from '../machines/pod-machine.js';
-import { sessionEnds, shadowsHeld, sshCrypto } from '../metrics/fleet-metrics.js';
+import { reportTunnelLoads, sessionEnds, shadowsHeld, sshCrypto } from '../metrics/fleet-metrics.js';
 import { sshCryptoPath } from '../ssh/crypto-path.js';
 import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
 import { ShadowSession, type ShadowSessionOptions } from '../ssh/shadow-session.js';
@@ -96,6 +96,7 @@ export class SessionHost {
             },
           )
         : undefined;
+    if (tunnels) reportTunnelLoads(() => tunnels.loads);
     if (tunnels && !process.execArgv.includes('--single-threaded-gc')) {
       deps.log.info(
         { hint: 'node --single-threaded-gc bin/backhaul.js worker ...' },

@@ -2,6 +2,7 @@ import { readFile, rm, stat } from 'node:fs/promises';
 import type { Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { registry } from '../../src/metrics/fleet-metrics.js';
 import { parseSiteConfig } from '../../src/spec/site-config.js';
 import type { RunningFleet } from '../../src/workers/fleet.js';
 import { inProcessFleet, privateRedis, upsert, waitForPodState } from '../fixtures/fleet-harness.js';
@@ -65,11 +66,24 @@ describe('the fleet (control + session roles) on the loopback site', () => {
     const forwards = `15200:127.0.0.1:${echo.port}`;
     const plan = planFor(h, podUid, forwards);
     const out = join(h.workdir, `${podUid}.out`);
-    const jobId = await sbatch(h.site.user, jobScript(h, plan, workload(15200, 10 * MiB)), {
+    // The job lingers 3 s after its workload, so the test sees the pod active (the metrics below).
+    const jobId = await sbatch(h.site.user, jobScript(h, plan, `${workload(15200, 10 * MiB)}sleep 3\n`), {
       jobName: podUid,
       output: out,
     });
     await upsert(fleet, podUid, 'p1', { 'interlink.eu/reverse-forwards': forwards });
+    // While it runs, its tunnel is carried by one of the session host's tunnel threads, on ssh2's native crypto.
+    await waitForPodState(fleet, podUid, 'active', 60_000);
+    const metrics = await registry.metrics();
+    expect(metrics).toMatch(/^backhaul_ssh_crypto_info\{path="native",patched="yes"\} 1$/m);
+    const loads = [...metrics.matchAll(/^backhaul_tunnel_thread_shadows\{thread="\d+"\} (\d+)$/gm)].map((m) =>
+      Number(m[1]),
+    );
+    expect(loads.length, metrics).toBeGreaterThan(0);
+    expect(
+      loads.reduce((a, b) => a + b, 0),
+      metrics,
+    ).toBe(1);
     await waitForState(jobId, ['COMPLETED', 'FAILED'], 90_000);
     expect(await readFile(out, 'utf8')).toContain(`workload ${10 * MiB} ${10 * MiB} True`);
     await waitForPodState(fleet, podUid, null, 30_000);
