@@ -125,6 +125,19 @@ fi
 install -d -o slurm -g slurm -m 0755 /var/spool/slurmctld "$LOG_DIR"
 install -d -o root -g root -m 0755 /var/spool/slurmd
 
+# Daemons must keep nothing of their caller: not this script's lock (fd 9), not a caller's lock or a
+# test runner's pipes (a caller waiting for EOF on its pipe would wait for as long as the daemon lives).
+# They start with only 0-2 open, on /dev/null (they log to their own files).
+detached() {
+  (
+    for fd in /proc/self/fd/*; do
+      n=${fd##*/}
+      if [ "$n" -gt 2 ] 2>/dev/null; then eval "exec $n>&-"; fi
+    done
+    exec "$@" </dev/null >/dev/null 2>&1
+  )
+}
+
 # ---------------------------------------------------------------- munge
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 if alive "$MUNGE_PID" munged >/dev/null && munge_ok; then
@@ -142,7 +155,7 @@ else
   # A munged that died (kill -9, reboot without /run cleanup) leaves its socket and pid file:
   # a new munged refuses to start over them unless told --force.
   if [ -e "$MUNGE_SOCK" ] || [ -e "$MUNGE_PID" ]; then force=(--force); fi
-  runuser -u munge -- munged "${force[@]}" 9>&- || die "munged did not start" "$MUNGE_LOG"
+  detached runuser -u munge -- munged "${force[@]}" || die "munged did not start" "$MUNGE_LOG"
   for _ in $(seq 50); do munge_ok && break; sleep 0.1; done
   munge_ok || die "munge -n | unmunge fails after starting munged" "$MUNGE_LOG"
   say "started munged (pid $(cat "$MUNGE_PID" 2>/dev/null || echo ?))${force:+ with --force}"
@@ -168,7 +181,7 @@ fi
 started_ctld=0
 if ! alive "$CTLD_PID" slurmctld >/dev/null; then
   rm -f "$CTLD_PID"
-  slurmctld 9>&- || die "slurmctld did not start" "$CTLD_LOG"
+  detached slurmctld || die "slurmctld did not start" "$CTLD_LOG"
   started_ctld=1
   for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q 'is UP' && break; sleep 0.1; done
   scontrol ping 2>/dev/null | grep -q 'is UP' || die "slurmctld does not answer scontrol ping" "$CTLD_LOG"
@@ -179,7 +192,7 @@ slurmd_since=0
 if ! alive "$SLURMD_PID" slurmd >/dev/null; then
   rm -f "$SLURMD_PID"
   slurmd_since=$(date +%s)
-  slurmd -N "$NODE" 9>&- || die "slurmd did not start" "$SLURMD_LOG"
+  detached slurmd -N "$NODE" || die "slurmd did not start" "$SLURMD_LOG"
   say "started slurmd -N $NODE (pid $(cat "$SLURMD_PID" 2>/dev/null || echo ?))"
 fi
 

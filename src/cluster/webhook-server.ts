@@ -190,14 +190,23 @@ export class WebhookServer {
     const chunks: Buffer[] = [];
     let size = 0;
     let tooLarge = false;
+    const refuseTooLarge = () => {
+      tooLarge = true;
+      chunks.length = 0;
+      res.setHeader('Connection', 'close');
+      send(res, 413, {
+        error: `the body is over ${MAX_BODY} bytes; an AdmissionReview of one pod is far smaller (the API server caps objects at about 1.5 MiB)`,
+      });
+      // The rest of the body is read and dropped; the connection closes once the answer is out.
+      res.once('finish', () => setTimeout(() => req.socket.destroy(), 1_000).unref());
+    };
+    const declared = Number(req.headers['content-length']);
+    if (Number.isFinite(declared) && declared > MAX_BODY) refuseTooLarge();
     req.on('data', (chunk: Buffer) => {
+      if (tooLarge) return;
       size += chunk.length;
-      if (size > MAX_BODY) {
-        tooLarge = true;
-        req.destroy();
-        return;
-      }
-      chunks.push(chunk);
+      if (size > MAX_BODY) refuseTooLarge();
+      else chunks.push(chunk);
     });
     req.on('error', () => undefined);
     req.on('end', () => {

@@ -48,7 +48,7 @@ export function parsePod(data: unknown, source = 'pod'): PodRef {
 
 /** A pod manifest file: exactly one YAML (or JSON) document holding a Pod. */
 export function parsePodYaml(text: string, source = 'pod'): PodRef {
-  const docs = parseAllDocuments(text, { uniqueKeys: true });
+  const docs = yamlDocuments(text, source);
   if (!Array.isArray(docs) || docs.length !== 1) {
     throw new SpecError(source, 'expected exactly one YAML document holding a Pod');
   }
@@ -56,5 +56,27 @@ export function parsePodYaml(text: string, source = 'pod'): PodRef {
   if (!doc || doc.errors.length > 0) {
     throw new SpecError(source, `not valid YAML: ${doc?.errors[0]?.message ?? 'empty'}`);
   }
-  return parsePod(doc.toJS(), source);
+  let data: unknown;
+  try {
+    // maxAliasCount: a "billion laughs" document expands aliases exponentially; a pod has no need of many.
+    data = doc.toJS({ maxAliasCount: 100 });
+  } catch (err) {
+    throw new SpecError(source, `not a usable YAML document: ${yamlFailure(err)}`);
+  }
+  return parsePod(data, source);
+}
+
+function yamlDocuments(text: string, source: string): ReturnType<typeof parseAllDocuments> {
+  try {
+    return parseAllDocuments(text, { uniqueKeys: true });
+  } catch (err) {
+    throw new SpecError(source, `not valid YAML: ${yamlFailure(err)}`);
+  }
+}
+
+/** Why the yaml library gave up, said for a person (deep nesting overflows its recursion). */
+function yamlFailure(err: unknown): string {
+  if (err instanceof RangeError) return 'nested too deeply';
+  const message = err instanceof Error ? err.message : String(err);
+  return message.split('\n')[0]?.slice(0, 200) ?? 'unknown';
 }

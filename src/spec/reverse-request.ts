@@ -1,7 +1,7 @@
 import { ANNOTATION, MAX_FORWARDS, MIN_LISTEN_PORT, REVERSE_ANNOTATIONS } from './annotations.js';
 import { isDnsName, isIpv4, serviceAddress } from './host-names.js';
 import type { ReverseConfig } from './site-config.js';
-import { SpecError } from './spec-error.js';
+import { quote, SpecError } from './spec-error.js';
 
 export type NodeExec = 'ssh' | 'srun';
 
@@ -83,7 +83,7 @@ function parseForwards(value: string | undefined, ctx: RequestContext): Forward[
     const forward = parseForwardEntry(entry, ctx);
     const previous = byListenPort.get(forward.listenPort);
     if (previous !== undefined) {
-      throw new SpecError(field, `listen port ${forward.listenPort} is already used by ${JSON.stringify(previous)}`, {
+      throw new SpecError(field, `listen port ${forward.listenPort} is already used by ${quote(previous)}`, {
         entry,
         accepted: `a distinct listen port, e.g. ${forward.listenPort + 1}:${forward.host}:${forward.port}`,
       });
@@ -110,18 +110,18 @@ function parseForwardEntry(entry: string, ctx: RequestContext): Forward {
   const host = (hostText ?? '').toLowerCase();
   if (host.includes('_'))
     fail(
-      `host ${JSON.stringify(hostText)} contains "_", which is not allowed in a host name`,
+      `host ${quote(hostText ?? '')} contains "_", which is not allowed in a host name`,
       'a DNS name of letters, digits, "-" and "." (RFC 1123), or an IPv4 address',
     );
   if (/^[\d.]+$/.test(host)) {
     if (!isIpv4(host))
       fail(
-        `host ${JSON.stringify(hostText)} is not a valid IPv4 address`,
+        `host ${quote(hostText ?? '')} is not a valid IPv4 address`,
         'an IPv4 address such as 10.96.0.1, or a DNS name',
       );
   } else if (!isDnsName(host)) {
     fail(
-      `host ${JSON.stringify(hostText)} is not a DNS name or IPv4 address`,
+      `host ${quote(hostText ?? '')} is not a DNS name or IPv4 address`,
       'a DNS name of letters, digits, "-" and "." (RFC 1123, at most 253 characters), or an IPv4 address',
     );
   }
@@ -139,7 +139,7 @@ function parseForwardEntry(entry: string, ctx: RequestContext): Forward {
 
 function parsePort(text: string, what: string, fail: (problem: string, accepted?: string) => never): number {
   if (!PORT.test(text) || Number(text) > 65535) {
-    return fail(`${what} ${JSON.stringify(text)} is not a port number`, `${what} 1-65535 in decimal`);
+    return fail(`${what} ${quote(text)} is not a port number`, `${what} 1-65535 in decimal`);
   }
   return Number(text);
 }

@@ -11,7 +11,7 @@ export class SpecError extends Error {
   readonly accepted: string | undefined;
 
   constructor(field: string, problem: string, opts: { entry?: string; accepted?: string } = {}) {
-    const entry = opts.entry === undefined ? '' : ` entry ${JSON.stringify(opts.entry)}`;
+    const entry = opts.entry === undefined ? '' : ` entry ${quote(opts.entry)}`;
     const accepted = opts.accepted === undefined ? '' : `; accepted: ${opts.accepted}`;
     super(`${field}${entry}: ${problem}${accepted}`);
     this.field = field;
@@ -22,4 +22,16 @@ export class SpecError extends Error {
 
 export function isSpecError(err: unknown): err is SpecError {
   return err instanceof SpecError;
+}
+
+/** Longest part of a user's value repeated in a message. */
+const QUOTE_MAX = 100;
+
+/**
+ * A user's value as a message shows it: JSON-quoted (control characters escaped, so a value cannot
+ * forge log lines or terminal output) and cut after QUOTE_MAX characters with its full length said.
+ */
+export function quote(value: string): string {
+  if (value.length <= QUOTE_MAX) return JSON.stringify(value);
+  return `${JSON.stringify(value.slice(0, QUOTE_MAX))}… (${value.length} characters)`;
 }

@@ -54,6 +54,32 @@ function call(port: number, ca: string, method: string, path: string, body?: unk
   });
 }
 
+/** A POST whose body goes out in 64 KiB chunks without a Content-Length (chunked encoding). */
+function callChunked(port: number, ca: string, path: string, body: string): Promise<{ status: number; body: unknown }> {
+  return new Promise((resolve, reject) => {
+    const req = request({ host: '127.0.0.1', port, method: 'POST', path, ca, agent: false }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString('utf8');
+        resolve({ status: res.statusCode ?? 0, body: text ? JSON.parse(text) : undefined });
+      });
+    });
+    // The server drops the rest of the body and closes a second after its answer: the answer comes first.
+    req.on('error', reject);
+    let at = 0;
+    const pump = () => {
+      while (at < body.length) {
+        const more = req.write(body.slice(at, at + 65_536));
+        at += 65_536;
+        if (!more) return void req.once('drain', pump);
+      }
+      req.end();
+    };
+    pump();
+  });
+}
+
 type ReviewResponse = {
   apiVersion: string;
   kind: string;
@@ -169,6 +195,16 @@ describe('admission webhook over HTTPS', () => {
     expect((await call(webhook.port, ca.cert, 'POST', '/mutate', { kind: 'Pod' })).status).toBe(400);
     expect((await call(webhook.port, ca.cert, 'GET', '/mutate')).status).toBe(405);
     expect((await call(webhook.port, ca.cert, 'POST', '/elsewhere', {})).status).toBe(404);
+  });
+
+  it('answers a body over 4 MiB with 413, declared or streamed, and goes on serving', async () => {
+    const big = `{"pad":"${'x'.repeat(5 * 1024 * 1024)}"}`;
+    const declared = await call(webhook.port, ca.cert, 'POST', '/validate', big);
+    expect(declared.status).toBe(413);
+    expect(JSON.stringify(declared.body)).toContain('over 4194304 bytes');
+    const streamed = await callChunked(webhook.port, ca.cert, '/validate', big);
+    expect(streamed.status).toBe(413);
+    expect((await review(podReview({ [FWD]: MINIO }))).response.allowed).toBe(true);
   });
 
   it('serves a new certificate when the files change, and keeps the old one while the new pair is broken', async () => {

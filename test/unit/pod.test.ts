@@ -52,4 +52,15 @@ spec:
     expect(() => parsePodYaml('metadata: {name: a}\n---\nmetadata: {name: b}\n')).toThrow(/exactly one YAML document/);
     expect(() => parsePodYaml('metadata: [')).toThrow(/not valid YAML/);
   });
+
+  it('refuses an alias bomb and deep nesting with a SpecError, not an exception of the YAML library', () => {
+    // "Billion laughs": each level doubles the last; expanded it would be 2^30 strings.
+    const levels = Array.from({ length: 30 }, (_, i) => `l${i + 1}: &l${i + 1} [*l${i}, *l${i}]`);
+    const bomb = `l0: &l0 "lol"\n${levels.join('\n')}\nmetadata: {name: p}\n`;
+    expect(() => parsePodYaml(bomb, 'bomb.yaml')).toThrow(SpecError);
+    expect(() => parsePodYaml(bomb, 'bomb.yaml')).toThrow(/^bomb\.yaml: not a usable YAML document: .*alias/i);
+    const deep = `metadata: {name: p}\nx: ${'['.repeat(100_000)}${']'.repeat(100_000)}\n`;
+    expect(() => parsePodYaml(deep, 'deep.yaml')).toThrow(SpecError);
+    expect(() => parsePodYaml(deep, 'deep.yaml')).toThrow(/^deep\.yaml: .*(nested too deeply|not valid YAML)/);
+  });
 });

@@ -17,6 +17,16 @@ function refused(annotations: Record<string, string>, ctx = contextWith()): Spec
 }
 
 describe('interlink.eu/reverse-forwards grammar (DESIGN §4.1)', () => {
+  it('quotes a huge or hostile entry once, cut short and escaped, in its refusal', () => {
+    const huge = `${'a_'.repeat(200_000)}:80`;
+    const err = refused({ [FWD]: huge });
+    expect(err.message.length).toBeLessThan(1_000);
+    expect(err.message).toContain('(400003 characters)');
+    const hostile = refused({ [FWD]: 'evil\u001b[2J\nhost_x:80' });
+    expect(hostile.message).not.toMatch(/[\u0000-\u001f]/);
+    expect(hostile.message).toContain('"evil\\u001b[2J"');
+  });
+
   it('ignores a pod without reverse annotations', () => {
     expect(parseReverseRequest({ other: 'x' }, contextWith())).toBeUndefined();
   });

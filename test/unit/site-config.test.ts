@@ -120,6 +120,15 @@ Backhaul:
     expect(insecure.Network.SSH.InsecureAcceptAnyHostKey).toBe(true);
   });
 
+  it('refuses a duration longer than a timer can wait (24.8 days), naming the key', () => {
+    const err = refusal(`${BASE}Backhaul:\n  PhaseTimeout: 25d\n`);
+    expect(err.field).toBe('Backhaul.PhaseTimeout');
+    expect(err.message).toContain('at most 24d');
+    expect(err.message).toContain('"25d"');
+    expect(refusal(`${BASE}    NodeWaitTimeout: 999999h\n`).field).toBe('Network.SSH.NodeWaitTimeout');
+    expect(parseSiteConfigYaml(`${BASE}Backhaul:\n  PhaseTimeout: 24d\n`).Backhaul.PhaseTimeout).toBe(24 * 86_400_000);
+  });
+
   it('refuses missing sections and malformed YAML', () => {
     expect(refusal('').field).toBe('Network');
     expect(refusal('Network: [').message).toContain('not valid YAML');
