@@ -57,9 +57,17 @@ export function redactUrl(url: string): string {
 export async function resolvePod(deps: FleetDeps, pod: string): Promise<string> {
   if (pod.includes('/')) {
     const [namespace = '', name = ''] = pod.split('/', 2);
-    const uid = await deps.store.uidByName(namespace, name);
-    if (!uid) throw new CliError(`no pod ${pod} is known to backhaul`, EXIT.failure);
-    return uid;
+    const named = await deps.store.podsByName(namespace, name);
+    const [only] = named;
+    if (!only) throw new CliError(`no pod ${pod} is known to backhaul`, EXIT.failure);
+    if (named.length > 1) {
+      const which = named.map((p) => `${p.uid} (${p.state})`).join(', ');
+      throw new CliError(
+        `${named.length} pods are named ${pod}: ${which}; name the one you mean by its UID`,
+        EXIT.usage,
+      );
+    }
+    return only.uid;
   }
   if (!(await deps.store.load(pod))) throw new CliError(`no pod with UID ${pod} is known to backhaul`, EXIT.failure);
   return pod;

@@ -58,6 +58,8 @@ export const podContextSchema = z.object({
 
 const at = { at: ms };
 const gen = { generation: ms };
+/** A session's report: its generation and its lease's fencing token (absent from older senders). */
+const report = { generation: ms, lease: ms.optional() };
 const step = z.enum(STEPS);
 
 export const podEventSchema = z.discriminatedUnion('type', [
@@ -68,14 +70,14 @@ export const podEventSchema = z.discriminatedUnion('type', [
   z.object({ type: z.literal('STEP_DONE'), ...at, step, generation: ms.optional() }),
   z.object({ type: z.literal('STEP_FAILED'), ...at, step, generation: ms.optional(), error: podError.optional() }),
   z.object({ type: z.literal('DEADLINE'), ...at, name: z.enum(DEADLINE_NAMES), ...gen }),
-  z.object({ type: z.literal('SHADOW_UP'), ...at, ...gen, host: text }),
-  z.object({ type: z.literal('BATCH_HOST'), ...at, ...gen, batchHost: text, jobId: text }),
-  z.object({ type: z.literal('CARRIER_OPEN'), ...at, ...gen }),
-  z.object({ type: z.literal('FORWARDS_READY'), ...at, ...gen }),
-  z.object({ type: z.literal('SOCKETS_VANISHED'), ...at, ...gen }),
-  z.object({ type: z.literal('JOB_ENDED'), ...at, ...gen }),
-  z.object({ type: z.literal('CARRIER_LOST'), ...at, ...gen, reason: z.string() }),
-  z.object({ type: z.literal('SESSION_FAILED'), ...at, ...gen, error: podError }),
+  z.object({ type: z.literal('SHADOW_UP'), ...at, ...report, host: text }),
+  z.object({ type: z.literal('BATCH_HOST'), ...at, ...report, batchHost: text, jobId: text }),
+  z.object({ type: z.literal('CARRIER_OPEN'), ...at, ...report }),
+  z.object({ type: z.literal('FORWARDS_READY'), ...at, ...report }),
+  z.object({ type: z.literal('SOCKETS_VANISHED'), ...at, ...report }),
+  z.object({ type: z.literal('JOB_ENDED'), ...at, ...report }),
+  z.object({ type: z.literal('CARRIER_LOST'), ...at, ...report, reason: z.string() }),
+  z.object({ type: z.literal('SESSION_FAILED'), ...at, ...report, error: podError }),
 ]) satisfies z.ZodType<PodEvent>;
 
 /** An event from a queue job, checked; or the first problem found. */

@@ -104,9 +104,14 @@ export interface PodContext extends PodLimits {
 interface Timed {
   at: number;
 }
-/** Session phase reports carry the generation of the shadow that sent them. */
+/**
+ * Session phase reports carry the generation of the shadow that sent them, and the fencing token of
+ * its lease: a session host that lost the lease (stopped, then woken after another took the shadow
+ * over with the same generation) is told apart by the token (the control worker drops its reports).
+ */
 interface Report extends Timed {
   generation: number;
+  lease?: number;
 }
 
 export interface PodUpsertEvent extends Timed {

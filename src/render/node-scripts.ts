@@ -47,7 +47,40 @@ export function renderSocketWatch(socketDir: string, socketPaths: readonly strin
   ].join('\n');
 }
 
-/** Removes the sockets a session made; sshd leaves them behind. */
+/** Removes sockets by path, whoever bound them (test fixtures and one-off carriers). */
 export function renderRemoveSockets(socketPaths: readonly string[]): string {
   return `rm -f -- ${socketPaths.map(shellQuote).join(' ')}\n`;
+}
+
+/**
+ * Prints `<inode> <path>` for each socket that exists: what a session bound, so that its teardown can
+ * later remove exactly those (`ls -di` is POSIX, unlike stat's options).
+ */
+export function renderSocketInodes(socketPaths: readonly string[]): string {
+  return `${socketPaths.map((p) => `ls -di -- ${shellQuote(p)} 2>/dev/null`).join('\n')}\nexit 0\n`;
+}
+
+/** Parses renderSocketInodes' output into path → inode. */
+export function parseSocketInodes(output: string, socketPaths: readonly string[]): Map<string, string> {
+  const found = new Map<string, string>();
+  for (const line of output.split('\n')) {
+    const match = /^\s*(\d+) (.+)$/.exec(line);
+    if (match?.[1] && match[2] && socketPaths.includes(match[2])) found.set(match[2], match[1]);
+  }
+  return found;
+}
+
+/**
+ * Removes only the sockets a session bound itself: each path whose inode is still the one recorded
+ * (sshd never unlinks them). A socket bound at the same path by a later session of the pod (after a
+ * takeover) has another inode and stays: a stale session host that wakes up never removes its
+ * successor's sockets.
+ */
+export function renderRemoveOwnSockets(owned: ReadonlyMap<string, string>): string {
+  const lines = [...owned].map(([path, inode]) => {
+    if (!/^\d+$/.test(inode)) throw new RangeError(`not an inode number: ${inode}`);
+    const p = shellQuote(path);
+    return `i=$(ls -di -- ${p} 2>/dev/null) && [ "\${i%% *}" = ${inode} ] && rm -f -- ${p}`;
+  });
+  return `${lines.join('\n')}\nexit 0\n`;
 }

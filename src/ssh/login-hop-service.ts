@@ -42,6 +42,7 @@ export class LoginHopService {
       this.leases.set(id, lease);
       return { lease: id };
     }
+    if (request.method === 'fence') throw new Error("fence calls are answered by the tunnel thread's owner");
     if (request.method === 'release') {
       this.leases.get(request.lease)?.release();
       this.leases.delete(request.lease);

@@ -52,10 +52,19 @@ export class ReverseForwards {
     client.on('unix connection', this.onConnection);
   }
 
-  /** Binds every socket; the first refusal is a SessionError carrying the server's own reason. */
-  async establish(): Promise<void> {
+  /** The socket paths bound so far (until cancel). */
+  get boundPaths(): readonly string[] {
+    return [...this.bound];
+  }
+
+  /**
+   * Binds every socket; the first refusal is a SessionError carrying the server's own reason. With
+   * `signal` aborted it binds nothing more (a pod being torn down gets no new socket).
+   */
+  async establish(signal?: AbortSignal): Promise<void> {
     for (const path of this.byPath.keys()) {
       if (this.bound.includes(path)) continue;
+      if (signal?.aborted) throw new SessionError('closed', 'closed while binding the forwards');
       const before = this.serverMessages.length;
       await new Promise<void>((resolve, reject) => {
         this.client.openssh_forwardInStreamLocal(path, (err) => {

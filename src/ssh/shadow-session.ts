@@ -2,8 +2,10 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client, ClientChannel } from 'ssh2';
 import {
   PREPARE_DIR_MISSING,
+  parseSocketInodes,
   renderPrepareSockets,
-  renderRemoveSockets,
+  renderRemoveOwnSockets,
+  renderSocketInodes,
   renderSocketWatch,
   WATCH_VANISHED,
 } from '../render/node-scripts.js';
@@ -48,16 +50,44 @@ export interface ShadowSessionOptions {
   preludeWaitMs?: number;
   /** `Backhaul.HostAliases`: endpoint names dialed by address. */
   hostAliases?: HostAliases;
+  /**
+   * Whether this session still holds its pod's lease, asked right before anything is bound on the
+   * node: a session that lost it (a stale host, woken after another took over) must not take the
+   * sockets back. Absent: always (tests of the session alone).
+   */
+  fence?: () => Promise<boolean>;
 }
 
 /** Exec channels a carrier of each mode keeps open on the login node (they count against MaxSessions). */
 const LOGIN_SESSIONS = { node: 0, userspace: 0, srun: 1 } as const;
 
+/** How long close() waits for a setup step under way to notice and stop, before cleaning up anyway. */
+const SETUP_SETTLE_MS = 15_000;
+/** Each step of giving things back (cancel the forwards, remove the sockets) waits at most this long. */
+const RELEASE_STEP_MS = 5_000;
+
+/** Waits for `work` (errors ignored) at most `ms`: a teardown must end even when the node does not answer. */
+async function within(work: Promise<unknown> | undefined, ms: number): Promise<void> {
+  if (!work) return;
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    work.catch(() => undefined),
+    new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, ms);
+    }),
+  ]);
+  clearTimeout(timer);
+}
+
 /**
  * The cluster-side half of one pod's tunnel: wait for the job's batch host, open a carrier, bind the
  * forwards, then hold them until the sockets vanish, the job ends, the carrier is lost or `close()`.
  * It knows nothing of Redis or queues: it reports phases through `onPhase` and `run()` settles with
- * the end. `close()` is idempotent and leaves no socket, process, step or channel behind.
+ * the end. `close()` is idempotent and leaves no socket, process, step or channel behind:
+ * - every step of the setup stops at its next checkpoint once closing, and what it obtained meanwhile
+ *   (a login lease, a carrier, bound forwards) is given back, also when it arrives after the teardown;
+ * - nothing is bound after the lease is lost (`fence`), and the teardown removes only the sockets this
+ *   session bound (by inode), never a successor's.
  */
 export class ShadowSession {
   private readonly abort = new AbortController();
@@ -66,14 +96,22 @@ export class ShadowSession {
   private forwards: ReverseForwards | undefined;
   private socks: SocksForward | undefined;
   private watch: ClientChannel | undefined;
+  /** The sockets this session bound on the node, path → inode. */
+  private readonly owned = new Map<string, string>();
   private closing: Promise<void> | undefined;
   private closeReason = 'closed';
   private job: SlurmJob | undefined;
+  /** Settles when the setup (lease to forwards) has finished or stopped. */
+  private settingUp: Promise<void> = Promise.resolve();
+  /** The teardown ran: what the setup still obtains is released at once. */
+  private tornDown = false;
+  /** The forwards' counters, kept after they are cancelled. */
+  private forwardStats: ForwardStats | undefined;
 
   constructor(private readonly opts: ShadowSessionOptions) {}
 
   get stats(): ForwardStats | undefined {
-    return this.forwards?.stats;
+    return this.forwardStats;
   }
 
   get batchJob(): SlurmJob | undefined {
@@ -83,12 +121,20 @@ export class ShadowSession {
   /** Runs the session to its end; never rejects (failures end as SESSION_FAILED). */
   async run(): Promise<ShadowEnd> {
     try {
-      const end = await this.runPhases();
+      const setUp = this.setUp();
+      this.settingUp = setUp.then(
+        () => undefined,
+        () => undefined,
+      );
+      const end = (await setUp) ?? (await this.hold());
       this.report(end);
       await this.close(end.type);
       return end;
     } catch (err) {
-      if (this.abort.signal.aborted) return { type: 'CLOSED', reason: this.closeReason };
+      if (this.abort.signal.aborted) {
+        await this.close(this.closeReason);
+        return { type: 'CLOSED', reason: this.closeReason };
+      }
       const error = isSessionError(err)
         ? err
         : new SessionError('carrier-lost', (err as Error).message, { cause: err });
@@ -116,22 +162,26 @@ export class ShadowSession {
     this.opts.onPhase(phase);
   }
 
-  private async runPhases(): Promise<ShadowEnd> {
+  /** Up to FORWARDS_READY; an end instead when the job ended before. Stops at every checkpoint once closing. */
+  private async setUp(): Promise<ShadowEnd | undefined> {
     const { plan } = this.opts;
     this.login = await this.opts.pool.acquire(LOGIN_SESSIONS[plan.carrier.mode]);
+    await this.checkpoint();
     this.report({ type: 'SHADOW_UP' });
 
     const job = await this.waitForBatchHost();
+    await this.checkpoint();
     if (job.phase === 'ended' || job.phase === 'ending') return { type: 'JOB_ENDED', state: job.state };
     this.job = job;
     const batchHost = job.batchHost ?? '';
     this.report({ type: 'BATCH_HOST', batchHost, jobId: job.jobId });
 
-    this.carrier = await this.openCarrierWhenReady({ jobId: job.jobId, batchHost });
+    await this.openCarrierWhenReady({ jobId: job.jobId, batchHost });
     this.report({ type: 'CARRIER_OPEN' });
 
-    const socketPaths = plan.forwards.map((f) => f.socketPath);
-    const { client, serverMessages } = this.carrier;
+    const carrier = this.carrier;
+    if (!carrier) throw new SessionError('closed', this.closeReason);
+    const { client, serverMessages } = carrier;
     this.forwards = new ReverseForwards(
       client,
       plan.forwards.map((f) => ({ socketPath: f.socketPath, dialHost: f.dialHost, port: f.port })),
@@ -139,7 +189,15 @@ export class ShadowSession {
       this.opts.log,
       { hostAliases: this.opts.hostAliases ?? {} },
     );
-    await this.forwards.establish();
+    this.forwardStats = this.forwards.stats;
+    await this.checkFence();
+    try {
+      await this.forwards.establish(this.abort.signal);
+    } finally {
+      // Whatever got bound is this session's, also when a later bind failed: note it to remove it.
+      await this.recordOwnSockets(carrier, this.forwards.boundPaths);
+    }
+    await this.checkpoint();
     if (plan.socks !== null) {
       this.opts.log.warn('SOCKS listener on the batch host is open to every user of that node', {
         pod: `${plan.namespace}/${plan.name}`,
@@ -147,12 +205,21 @@ export class ShadowSession {
       });
       this.socks = new SocksForward(client, plan.socks, serverMessages, this.opts.log, this.opts.hostAliases);
       await this.socks.establish();
+      await this.checkpoint();
     }
     this.report({ type: 'FORWARDS_READY' });
+    return undefined;
+  }
 
+  /** Holds the forwards until the sockets vanish, the carrier is lost or the job ends. */
+  private async hold(): Promise<ShadowEnd> {
+    const { plan } = this.opts;
+    const carrier = this.carrier;
+    if (!carrier) throw new SessionError('closed', this.closeReason);
     const intervalS = Math.max(1, Math.round((this.opts.socketCheckMs ?? 3_000) / 1000));
-    const vanished = this.watchSockets(client, plan.socketDir, socketPaths, intervalS);
-    const lost = this.carrier.lost.then((reason) => ({ lost: reason }));
+    const socketPaths = plan.forwards.map((f) => f.socketPath);
+    const vanished = this.watchSockets(carrier.client, plan.socketDir, socketPaths, intervalS);
+    const lost = carrier.lost.then((reason) => ({ lost: reason }));
     const outcome = await Promise.race([vanished.then(() => ({ lost: undefined })), lost]);
     this.abortIfClosing();
     const now = await this.jobNow().catch(() => undefined);
@@ -173,6 +240,7 @@ export class ShadowSession {
     for (;;) {
       this.abortIfClosing();
       const job = await this.jobNow();
+      this.abortIfClosing();
       if (job) {
         lastState = job.state;
         if (job.phase === 'ended' || job.phase === 'ending') return job;
@@ -189,7 +257,7 @@ export class ShadowSession {
   }
 
   /** The prelude makes the socket dir right after the job starts: give it a moment before giving up. */
-  private async openCarrierWhenReady(job: { jobId: string; batchHost: string }): Promise<Carrier> {
+  private async openCarrierWhenReady(job: { jobId: string; batchHost: string }): Promise<void> {
     const { plan, site } = this.opts;
     const deadline = Date.now() + (this.opts.preludeWaitMs ?? 30_000);
     for (;;) {
@@ -203,9 +271,20 @@ export class ShadowSession {
           socketDir: plan.socketDir,
           socksPort: plan.socks ?? undefined,
         });
-        if (carrier.mode === 'node') await this.prepareSockets(carrier);
-        return carrier;
+        // Kept at once, so that a teardown (now or later) closes it.
+        this.carrier = carrier;
+        await this.checkpoint();
+        if (carrier.mode === 'node') {
+          await this.checkFence();
+          await this.prepareSockets(carrier);
+          await this.checkpoint();
+        }
+        return;
       } catch (err) {
+        if (this.carrier && !this.abort.signal.aborted) {
+          this.carrier.close();
+          this.carrier = undefined;
+        }
         if (!isSessionError(err, 'job-not-running') || Date.now() >= deadline) throw err;
         await sleep(1_000, undefined, { signal: this.abort.signal }).catch(() => undefined);
       }
@@ -219,7 +298,6 @@ export class ShadowSession {
       stdin: renderPrepareSockets(plan.socketDir, paths),
     });
     if (result.code === 0) return;
-    carrier.close();
     if (result.code === PREPARE_DIR_MISSING) {
       throw new SessionError(
         'job-not-running',
@@ -232,9 +310,21 @@ export class ShadowSession {
     );
   }
 
+  /** Notes the inode of every socket this session bound, for its teardown to remove exactly those. */
+  private async recordOwnSockets(carrier: Carrier, paths: readonly string[]): Promise<void> {
+    if (paths.length === 0) return;
+    const result = await execCapture(carrier.client, '/bin/sh -s', {
+      stdin: renderSocketInodes(paths),
+      timeoutMs: 10_000,
+    }).catch(() => undefined);
+    if (!result) return;
+    for (const [path, inode] of parseSocketInodes(result.stdout, paths)) this.owned.set(path, inode);
+  }
+
   private async watchSockets(client: Client, dir: string, paths: readonly string[], intervalS: number): Promise<void> {
     const channel = await openExec(client, '/bin/sh -s');
     this.watch = channel;
+    if (this.tornDown) channel.close();
     return new Promise((resolve) => {
       let seen = '';
       channel.on('data', (chunk: Buffer) => {
@@ -248,24 +338,65 @@ export class ShadowSession {
     });
   }
 
+  private async checkFence(): Promise<void> {
+    if (!this.opts.fence) return;
+    const held = await this.opts.fence().catch(() => false);
+    await this.checkpoint();
+    if (!held) {
+      // Another session host holds the pod now: end as closed (nothing to report), binding nothing.
+      void this.close("the pod's lease is another session host's: nothing was bound");
+      throw new SessionError('closed', this.closeReason);
+    }
+  }
+
+  /** After each step of the setup: stop when closing; after the teardown, give back what arrived late. */
+  private async checkpoint(): Promise<void> {
+    if (!this.abort.signal.aborted) return;
+    if (this.tornDown) await this.release();
+    throw new SessionError('closed', this.closeReason);
+  }
+
   private abortIfClosing(): void {
     if (this.abort.signal.aborted) throw new SessionError('closed', this.closeReason);
   }
 
   private async teardown(): Promise<void> {
+    // A setup step under way stops at its next checkpoint; wait for it (bounded: every step is), so
+    // that what it obtains is released here rather than left behind.
+    await within(this.settingUp, SETUP_SETTLE_MS);
+    this.tornDown = true;
+    await this.release();
+  }
+
+  /** Gives back everything held; what is released is forgotten, so it can run again for late arrivals. */
+  private async release(): Promise<void> {
+    const socks = this.socks;
+    const forwards = this.forwards;
     const carrier = this.carrier;
-    const paths = this.opts.plan.forwards.map((f) => f.socketPath);
-    await this.socks?.cancel().catch(() => undefined);
-    await this.forwards?.cancel().catch(() => undefined);
+    const login = this.login;
+    this.socks = undefined;
+    this.forwards = undefined;
+    this.carrier = undefined;
+    this.login = undefined;
+    // Cancelling waits for the node sshd's answers: a stopped or dead sshd never sends them.
+    await within(socks?.cancel(), RELEASE_STEP_MS);
+    await within(forwards?.cancel(), RELEASE_STEP_MS);
     this.watch?.close();
     if (carrier) {
       // sshd never unlinks forwarded sockets: remove ours while the carrier can still reach the node.
-      await execCapture(carrier.client, '/bin/sh -s', { stdin: renderRemoveSockets(paths), timeoutMs: 5_000 }).catch(
-        () => undefined,
-      );
+      const owned = new Map(this.owned);
+      this.owned.clear();
+      if (owned.size > 0) {
+        await within(
+          execCapture(carrier.client, '/bin/sh -s', {
+            stdin: renderRemoveOwnSockets(owned),
+            timeoutMs: RELEASE_STEP_MS,
+          }),
+          RELEASE_STEP_MS,
+        );
+      }
       carrier.close();
     }
-    this.login?.release();
-    this.login = undefined;
+    login?.release();
   }
 }

@@ -66,14 +66,20 @@ export function connectSsh(target: SshTarget): Promise<{ client: Client; serverM
   return new Promise((resolve, reject) => {
     const onError = (err: Error & { level?: string }) => {
       client.removeListener('ready', onReady);
+      client.removeListener('close', onClose);
       client.end();
       reject(classifyConnectError(target, err, verdict, presented));
     };
+    // A transport that closes before the handshake (a jump channel closed by the login node) makes no
+    // error in ssh2: without this the connect would wait forever.
+    const onClose = () => onError(new Error('the connection closed before the SSH handshake finished'));
     const onReady = () => {
       client.removeListener('error', onError);
+      client.removeListener('close', onClose);
       resolve({ client, serverMessages });
     };
     client.once('error', onError);
+    client.once('close', onClose);
     client.once('ready', onReady);
     client.connect(config);
     // ssh2 leaves Nagle on. Every packet it writes is whole, but a reply written while an earlier

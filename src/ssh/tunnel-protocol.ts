@@ -17,6 +17,8 @@ import type { SiteAccessData } from './site-access.js';
 
 /** What a thread needs to run one shadow (ShadowSessionOptions without the callbacks and the pool). */
 export interface ShadowStart {
+  /** The session host answers `fence` calls for this shadow (its options had a fence). */
+  fenced: boolean;
   plan: SessionPlan;
   site: CarrierSite;
   nodeWaitTimeoutMs: number;
@@ -33,9 +35,17 @@ export type HopCall =
   | { method: 'jump'; lease: number; host: string; port: number }
   | { method: 'exec'; lease: number; command: string }
   | { method: 'run'; lease: number; command: string; opts: RunOptions }
-  | { method: 'findJob'; lease: number; user: string; jobName: string };
+  | { method: 'findJob'; lease: number; user: string; jobName: string }
+  /** Whether the session host still holds the lease of shadow `shadow`'s pod (ShadowSessionOptions.fence). */
+  | { method: 'fence'; shadow: string };
 
-export type HopValue = { lease: number } | { pipe: string } | ExecResult | { job: SlurmJob | undefined } | null;
+export type HopValue =
+  | { lease: number }
+  | { pipe: string }
+  | ExecResult
+  | { job: SlurmJob | undefined }
+  | { held: boolean }
+  | null;
 
 /** An error crossing the thread boundary, rebuilt as a SessionError when it had a kind. */
 export interface WireError {

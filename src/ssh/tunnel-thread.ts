@@ -142,10 +142,19 @@ port.on('message', (message: ToThread) => {
       return;
     case 'start': {
       const { id, shadow } = message;
+      const { fenced, ...options } = shadow;
       const session = new ShadowSession({
-        ...shadow,
+        ...options,
         site: reviveSite(shadow.site),
         pool: hops,
+        ...(fenced
+          ? {
+              fence: async (): Promise<boolean> => {
+                const value = await call({ method: 'fence', shadow: id });
+                return value !== null && 'held' in value && value.held === true;
+              },
+            }
+          : {}),
         onPhase: (phase) => post({ type: 'phase', id, phase }),
         log: {
           info: (text, detail) =>

@@ -106,6 +106,7 @@ class TunnelThread {
             type: 'start',
             id,
             shadow: {
+              fenced: opts.fence !== undefined,
               plan,
               site,
               nodeWaitTimeoutMs,
@@ -160,6 +161,15 @@ class TunnelThread {
     held.end(end);
   }
 
+  private answerFence(call: number, id: string): void {
+    const fence = this.held.get(id)?.opts.fence;
+    const asked = fence ? fence() : Promise.resolve(false);
+    asked.then(
+      (held) => this.send({ type: 'reply', call, ok: true, value: { held } }),
+      (err: unknown) => this.send({ type: 'reply', call, ok: false, error: { message: String(err) } }),
+    );
+  }
+
   private send(message: ToThread): void {
     if (!this.exited) this.worker.postMessage(message);
   }
@@ -167,7 +177,8 @@ class TunnelThread {
   private receive(message: FromThread): void {
     switch (message.type) {
       case 'call':
-        this.service.serve(message.call, message.request);
+        if (message.request.method === 'fence') this.answerFence(message.call, message.request.shadow);
+        else this.service.serve(message.call, message.request);
         return;
       case 'phase':
         this.held.get(message.id)?.opts.onPhase(message.phase);

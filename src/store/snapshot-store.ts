@@ -275,6 +275,15 @@ export class SnapshotStore {
     return this.redis.hget(this.keys.podsByName(), `${namespace}/${name}`);
   }
 
+  /**
+   * Every known pod named namespace/name (a pod deleted and created again, or two submitted without a
+   * UID, share it): read from the records, since the by-name index keeps only the latest.
+   */
+  async podsByName(namespace: string, name: string): Promise<StoredPod[]> {
+    const pods = await this.loadMany(await this.list());
+    return pods.filter((p): p is StoredPod => p !== null && p.namespace === namespace && p.name === name);
+  }
+
   /** The pod's history, oldest first (the last `count` entries when given). */
   async history(uid: string, count?: number): Promise<HistoryRecord[]> {
     const key = this.keys.history(uid);

@@ -115,10 +115,25 @@ export class ControlWorker {
     return turn;
   }
 
+  /**
+   * A session's report whose lease token is not the pod's lease now: a stale session host (stopped,
+   * then woken after another took its shadow over with the same generation) must not drive the
+   * machine. A report after its own lease was released (the session's last one) still counts.
+   */
+  private async fencedOff(uid: string, event: PodEvent): Promise<boolean> {
+    if (!('lease' in event) || event.lease === undefined) return false;
+    const current = await this.deps.leases.get(uid);
+    return current !== null && current.token !== event.lease;
+  }
+
   private async applyEventJob(job: Job<EventJobData>): Promise<string> {
     const { uid } = job.data;
     const parsed = parsePodEvent(job.data.event);
     if (!parsed.ok) throw new UnrecoverableError(`pod ${uid}: bad event: ${parsed.message}`);
+    if (await this.fencedOff(uid, parsed.event)) {
+      ignoredEvents.inc({ event: parsed.event.type });
+      return `ignored ${parsed.event.type}: its session lost the lease to another`;
+    }
     const path: string[] = [];
     /** The gen of the last write whose outbox holds a pure step run here (cleared if its result is ignored). */
     let pendingPure: number | undefined;

@@ -21,21 +21,21 @@ export const SESSION_LOCKS = { lockDuration: 4_000, stalledInterval: 2_000, maxS
 
 export type SessionOutcome = ShadowEnd | { type: 'STALE'; reason: string } | { type: 'HANDED_OVER' };
 
-/** The phase a shadow reports, as the event its machine reads. */
-function eventOf(phase: ShadowPhase, generation: number, hostId: string, at: number): PodEvent {
+/** The phase a shadow reports, as the event its machine reads, fenced by the lease's token. */
+function eventOf(phase: ShadowPhase, generation: number, lease: number, hostId: string, at: number): PodEvent {
   switch (phase.type) {
     case 'SHADOW_UP':
-      return { type: 'SHADOW_UP', host: hostId, generation, at };
+      return { type: 'SHADOW_UP', host: hostId, generation, lease, at };
     case 'BATCH_HOST':
-      return { type: 'BATCH_HOST', batchHost: phase.batchHost, jobId: phase.jobId, generation, at };
+      return { type: 'BATCH_HOST', batchHost: phase.batchHost, jobId: phase.jobId, generation, lease, at };
     case 'CARRIER_LOST':
-      return { type: 'CARRIER_LOST', reason: phase.reason, generation, at };
+      return { type: 'CARRIER_LOST', reason: phase.reason, generation, lease, at };
     case 'SESSION_FAILED':
-      return { type: 'SESSION_FAILED', error: phase.error, generation, at };
+      return { type: 'SESSION_FAILED', error: phase.error, generation, lease, at };
     case 'JOB_ENDED':
-      return { type: 'JOB_ENDED', generation, at };
+      return { type: 'JOB_ENDED', generation, lease, at };
     default:
-      return { type: phase.type, generation, at };
+      return { type: phase.type, generation, lease, at };
   }
 }
 
@@ -188,6 +188,8 @@ export class SessionHost {
     const fence = lease.token;
 
     const options: ShadowSessionOptions = {
+      // Asked right before anything is bound on the node: a host that lost the lease binds nothing.
+      fence: async () => (await deps.leases.get(uid))?.token === fence,
       plan,
       pool: this.access.pool,
       site: this.access.carrier,
@@ -200,7 +202,7 @@ export class SessionHost {
       },
       onPhase: (phase) => {
         log.info({ phase: phase.type }, 'shadow phase');
-        sendEvent(deps.queues, uid, eventOf(phase, generation, this.hostId, deps.now())).catch((err) =>
+        sendEvent(deps.queues, uid, eventOf(phase, generation, fence, this.hostId, deps.now())).catch((err) =>
           log.error({ err }, 'could not report a phase'),
         );
       },

@@ -340,6 +340,38 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
     expect(usage[1]?.stderr).toContain('no site configuration');
   }, 90_000);
 
+  it('two pods of one name: namespace/name is refused with both UIDs, status marks them, each goes by its UID', async () => {
+    const uids = [uid(), uid()];
+    const forwards = { 'interlink.eu/reverse-forwards': `15601:127.0.0.1:${echo.port}` };
+    for (const [i, podUid] of uids.entries()) {
+      // The same name in two manifests: a pod deleted and created again, or submitted twice.
+      const path = join(dir, `twin-${i}.yaml`);
+      const metadata = { name: 'twin', namespace: 'user', uid: podUid, annotations: forwards };
+      await writeFile(path, toYaml({ apiVersion: 'v1', kind: 'Pod', metadata, spec: { containers: [] } }));
+      const run = await cli('submit', path);
+      expect(run.code, run.stderr).toBe(0);
+    }
+    const ambiguous = await cli('teardown', 'user/twin');
+    expect(ambiguous.code, ambiguous.stderr).toBe(2);
+    expect(ambiguous.stderr).toContain('2 pods are named user/twin');
+    for (const podUid of uids) expect(ambiguous.stderr).toContain(podUid);
+    const table = await cli('status');
+    for (const podUid of uids) expect(table.stdout).toContain(`user/twin (uid ${podUid})`);
+    expect(table.stdout).toContain('1 name(s) belong to more than one pod');
+    for (const podUid of uids) {
+      const run = await cli('delete', podUid);
+      expect(run.code, run.stderr).toBe(0);
+    }
+    for (const podUid of uids) {
+      await waitFor(
+        'the twin to be forgotten',
+        async () => ((await podState(podUid)) === null ? true : undefined),
+        30_000,
+      );
+    }
+    expect((await cli('status', 'user/twin')).stderr).toBe('backhaul: no pod user/twin is known to backhaul\n');
+  }, 90_000);
+
   it('exit 1, one clear line and no stack trace when Redis cannot be reached, quickly', async () => {
     const [run, viaEnv] = await Promise.all([
       cli('status', '--redis', 'redis://:hunter2@127.0.0.1:1'),

@@ -170,10 +170,16 @@ export function registerPodCommands(program: Command): void {
 function statusTable(all: PodStatus[]): string {
   if (all.length === 0) return 'no pods\n';
   const now = Date.now();
-  return formatTable(
+  // Two pods of one name (deleted and created again, or submitted twice without a UID): show which is which.
+  const seen = new Map<string, number>();
+  for (const p of all) seen.set(`${p.namespace}/${p.name}`, (seen.get(`${p.namespace}/${p.name}`) ?? 0) + 1);
+  const shared = [...seen.values()].filter((n) => n > 1).length;
+  const table = formatTable(
     ['POD', 'STATE', 'AGE', 'ATTEMPTS', 'HOST', 'LAST ERROR'],
     all.map((p) => [
-      `${p.namespace}/${p.name}`,
+      (seen.get(`${p.namespace}/${p.name}`) ?? 0) > 1
+        ? `${p.namespace}/${p.name} (uid ${p.uid})`
+        : `${p.namespace}/${p.name}`,
       p.snapshotError ? `${p.state} (unreadable)` : p.state,
       p.since === null ? '-' : formatAge(now - p.since),
       p.attempts === null ? '-' : String(p.attempts),
@@ -181,4 +187,7 @@ function statusTable(all: PodStatus[]): string {
       p.snapshotError ?? (p.lastError ? `${p.lastError.kind}: ${p.lastError.message}` : '-'),
     ]),
   );
+  return shared === 0
+    ? table
+    : `${table}${shared} name(s) belong to more than one pod: give those pods' UIDs to status, retry, teardown and delete\n`;
 }
