@@ -14,6 +14,7 @@
  *
  *   from any shadow state: CARRIER_LOST | SESSION_FAILED | STEP_FAILED(launch) | DEADLINE
  *     → launchingShadow (next generation, after backoff) while launches are left, else → failed;
+ *     the site out of reach (login-unreachable) spends no launch: the pod waits, backing off to 30 s;
  *     a permanent error (and the node wait deadline) → failed at once. The old shadow is stopped.
  *   a report of a later phase skips the missed ones; a late report of a passed phase only fills in data.
  *   from every state but done: TEARDOWN | POD_DELETED → tearingDown.
@@ -23,12 +24,13 @@
  */
 import { type AnyActorScope, and, assign, createActor, setup } from 'xstate';
 import {
-  backoffDelay,
   deadlineTimeout,
   errorOf,
   hasBudget,
   isCurrent,
+  isSiteWide,
   isStep,
+  nextLaunch,
   podChanged,
   reportAddsInfo,
   teardownReasonOf,
@@ -169,10 +171,9 @@ export const podMachine = setup({
           return {};
       }
     }),
-    beginLaunch: assign(({ context }) => ({
+    beginLaunch: assign(({ context, event }) => ({
       generation: context.generation + 1,
-      attempts: context.attempts + 1,
-      backoffMs: backoffDelay(context.attempts, context.backoffBaseMs, context.backoffMaxMs),
+      ...nextLaunch(context, event),
       host: null,
     })),
     armDeadline: assign(({ context, event }, params: { name: DeadlineName }) => ({
@@ -190,7 +191,8 @@ export const podMachine = setup({
     isCurrentStep: ({ context, event }, params: { step: StepName }) =>
       isStep(event, params.step) && isCurrent(context, event),
     isPermanent: ({ context, event }) => errorOf(context, event).permanent,
-    hasBudget: ({ context }) => hasBudget(context),
+    // The site out of reach spends no launch: the pod waits for it (pod-rules.ts SITE_WIDE_ERRORS).
+    hasBudget: ({ context, event }) => hasBudget(context) || isSiteWide(errorOf(context, event)),
     podChanged: ({ context, event }) => event.type === 'POD_UPSERT' && podChanged(context, event),
     reportAddsInfo: ({ context, event }) => reportAddsInfo(context, event),
     teardownPending: ({ context }) => context.podDeleted || context.teardownReason !== null,

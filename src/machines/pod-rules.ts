@@ -110,6 +110,37 @@ export function hasBudget(context: PodContext): boolean {
   return context.attempts < context.retryLimit;
 }
 
+/**
+ * Error kinds that say the site is out of reach (the login node, or Slurm through it), not this pod's
+ * job or node: a login node rebooting fails every pod at once, and must not use up their relaunches.
+ * The pod relaunches without spending one, backing off up to SITE_BACKOFF_MAX_MS, until the site answers.
+ */
+export const SITE_WIDE_ERRORS: ReadonlySet<string> = new Set(['login-unreachable']);
+
+/** The longest wait between two launches while the site is out of reach: short, so pods come back soon after it. */
+export const SITE_BACKOFF_MAX_MS = 30_000;
+
+export function isSiteWide(error: PodError): boolean {
+  return !error.permanent && SITE_WIDE_ERRORS.has(error.kind);
+}
+
+/** Launches and backoff of the next launch, after the event that ended the last one (or started the first). */
+export function nextLaunch(context: PodContext, cause: PodEvent): { attempts: number; backoffMs: number } {
+  const failure = cause.type === 'SESSION_FAILED' || cause.type === 'CARRIER_LOST' || cause.type === 'STEP_FAILED';
+  if (failure && isSiteWide(errorOf(context, cause))) {
+    const backoffMs = Math.min(
+      SITE_BACKOFF_MAX_MS,
+      context.backoffMaxMs,
+      Math.max(context.backoffBaseMs, context.backoffMs * 2),
+    );
+    return { attempts: context.attempts, backoffMs };
+  }
+  return {
+    attempts: context.attempts + 1,
+    backoffMs: backoffDelay(context.attempts, context.backoffBaseMs, context.backoffMaxMs),
+  };
+}
+
 /** Does a POD_UPSERT bring anything new (a watch resync repeats what we know)? */
 export function podChanged(context: PodContext, event: PodUpsertEvent): boolean {
   return (

@@ -76,6 +76,7 @@ export async function openCarrier(login: LoginHop, site: CarrierSite, req: Carri
     try {
       const { client, serverMessages } = await connectSsh({
         label: `user-space sshd on ${req.job.batchHost}`,
+        hop: 'node',
         host: req.job.batchHost,
         port: 0,
         username: site.user,
@@ -88,7 +89,7 @@ export async function openCarrier(login: LoginHop, site: CarrierSite, req: Carri
       return carrier(req.mode, client, serverMessages, hops);
     } catch (err) {
       channel.close();
-      if (err instanceof SessionError && err.kind === 'login-unreachable') {
+      if (err instanceof SessionError && err.kind === 'node-unreachable') {
         const said = sshdLog.join(' | ');
         throw new SessionError(
           'carrier-lost',
@@ -135,6 +136,7 @@ async function jumpToNode(
   const channel: Duplex = await login.jump(target.host, target.port);
   return connectSsh({
     label: `node sshd ${target.host}:${target.port}`,
+    hop: 'node',
     host: target.host,
     port: target.port,
     username: site.user,

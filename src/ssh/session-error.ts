@@ -5,6 +5,7 @@
  */
 export type SessionErrorKind =
   | 'login-unreachable'
+  | 'node-unreachable'
   | 'auth-refused'
   | 'host-key-mismatch'
   | 'forwarding-refused'

@@ -6,6 +6,11 @@ import { SessionError } from './session-error.js';
 export interface SshTarget {
   /** For messages: which hop this is ("login 127.0.0.1:22", "node bhnode1:22"). */
   label: string;
+  /**
+   * Which machine this is, for what a failure means: the login node unreachable concerns every pod of
+   * the site (they wait without spending their relaunches), a compute node only its own pods.
+   */
+  hop?: 'login' | 'node';
   host: string;
   port: number;
   username: string;
@@ -67,6 +72,9 @@ export function connectSsh(target: SshTarget): Promise<{ client: Client; serverM
     const onError = (err: Error & { level?: string }) => {
       client.removeListener('ready', onReady);
       client.removeListener('close', onClose);
+      // ssh2 may report a second error for the same failure ("Connection lost before handshake" after a
+      // timeout); unheard, it would crash the thread and every tunnel in it.
+      client.on('error', () => undefined);
       client.end();
       reject(classifyConnectError(target, err, verdict, presented));
     };
@@ -113,5 +121,6 @@ function classifyConnectError(
       cause: err,
     });
   }
-  return new SessionError('login-unreachable', `${target.label}: ${err.message}`, { cause: err });
+  const kind = target.hop === 'node' ? 'node-unreachable' : 'login-unreachable';
+  return new SessionError(kind, `${target.label}: ${err.message}`, { cause: err });
 }

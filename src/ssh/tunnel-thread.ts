@@ -35,6 +35,7 @@ function call(request: HopCall): Promise<HopValue> {
 
 const KINDS: ReadonlySet<string> = new Set<SessionErrorKind>([
   'login-unreachable',
+  'node-unreachable',
   'auth-refused',
   'host-key-mismatch',
   'forwarding-refused',

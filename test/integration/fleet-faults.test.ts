@@ -73,10 +73,13 @@ afterAll(async () => {
   await redis?.close();
 });
 
-async function fleetSite(siteOptions: Parameters<typeof processFleetSite>[1] = {}) {
+async function fleetSite(
+  siteOptions: Parameters<typeof processFleetSite>[1] = {},
+  backhaul: Parameters<typeof processFleetSite>[2] = {},
+) {
   redis ??= await privateRedis(DB);
   await redis.redis.flushdb();
-  const site = await processFleetSite(redis.url, siteOptions);
+  const site = await processFleetSite(redis.url, siteOptions, backhaul);
   sites.push(site);
   return site;
 }
@@ -200,4 +203,107 @@ describe('a pod deleted during its setup', () => {
     // The jobs themselves run on: backhaul cancels nothing of a job (the virtual kubelet does).
     for (const jobId of jobIds.slice(0, 3)) expect(['RUNNING', 'PENDING']).toContain((await jobState(jobId)).state);
   }, 300_000);
+});
+
+describe('outages of the site', () => {
+  it('node sshd stopped 30 s (SIGSTOP), then continued: the pod is active again and its job gets through', async () => {
+    const site = await fleetSite();
+    const { h, deps, echo, configPath } = site;
+    if (!redis) throw new Error('no redis');
+    const control = startWorker(configPath, redis.url, 'control', 'control-1');
+    const host = startWorker(configPath, redis.url, 'session', 'host-1');
+    workers.push(control, host);
+    await Promise.all([workerStarted(control), workerStarted(host)]);
+    const pods = Array.from({ length: 3 }, (_, i) => ({ uid: uid(), port: 16100 + i }));
+    const outs = pods.map((p) => join(h.workdir, `${p.uid}.out`));
+    for (const [i, p] of pods.entries()) {
+      await submitPod(site, p.uid, `node-stop-${i}`, `${p.port}:127.0.0.1:${echo.port}`, prober(p.port), outs[i]);
+    }
+    const allActive = async () =>
+      (await Promise.all(pods.map((p) => deps.store.load(p.uid)))).every((s) => s?.state === 'active')
+        ? true
+        : undefined;
+    await waitFor('the pods active', allActive, 90_000);
+
+    const node = h.site.node.processes();
+    signalAll(node, 'SIGSTOP');
+    const stoppedAt = Date.now();
+    try {
+      await sleep(30_000);
+    } finally {
+      signalAll(h.site.node.processes(), 'SIGCONT');
+    }
+    const continuedAt = Date.now();
+    const recovered = await waitFor(
+      'every job through again after the node sshd continued',
+      async () => {
+        const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8').catch(() => '')));
+        return texts.every((t) => oksAfter(t, continuedAt) > 0) && (await allActive()) ? Date.now() : undefined;
+      },
+      120_000,
+    ).catch(async (err: Error) => {
+      const lines = await Promise.all(pods.map(async (p) => `${p.uid}: ${await timeline(deps, p.uid)}`));
+      throw new Error(`${err.message}\n${lines.join('\n')}\nhost log: ${host.log().slice(-4000)}`);
+    });
+    console.log(
+      `node sshd stopped 30 s: every pod through again ${recovered - continuedAt} ms after it continued (stopped at +0, ${continuedAt - stoppedAt} ms)`,
+    );
+    for (const p of pods) console.log(`${p.uid}: ${await timeline(deps, p.uid)}`);
+    expect(recovered - continuedAt).toBeLessThan(60_000);
+    // Nothing left of the carriers of before: one live carrier per pod.
+    expect((await deps.leases.list()).leases).toHaveLength(pods.length);
+  }, 300_000);
+
+  it.each([
+    20, 90,
+  ])('login node stopped %i s (SIGSTOP), then continued: every pod active again, none failed, no relaunch budget spent on it', async (seconds) => {
+    // Three launches: the carrier lost spends one, and a 90 s outage fails each relaunch 3 times over.
+    const site = await fleetSite({}, { RetryLimit: 3 });
+    const { h, deps, echo, configPath } = site;
+    if (!redis) throw new Error('no redis');
+    const control = startWorker(configPath, redis.url, 'control', 'control-1');
+    const host = startWorker(configPath, redis.url, 'session', 'host-1');
+    workers.push(control, host);
+    await Promise.all([workerStarted(control), workerStarted(host)]);
+    const pods = Array.from({ length: 5 }, (_, i) => ({ uid: uid(), port: 16200 + i }));
+    const outs = pods.map((p) => join(h.workdir, `${p.uid}.out`));
+    for (const [i, p] of pods.entries()) {
+      await submitPod(site, p.uid, `login-stop-${i}`, `${p.port}:127.0.0.1:${echo.port}`, prober(p.port), outs[i]);
+    }
+    const allActive = async () =>
+      (await Promise.all(pods.map((p) => deps.store.load(p.uid)))).every((s) => s?.state === 'active')
+        ? true
+        : undefined;
+    await waitFor('the pods active', allActive, 90_000);
+
+    signalAll(h.site.login.processes(), 'SIGSTOP');
+    const stoppedAt = Date.now();
+    try {
+      await sleep(seconds * 1_000);
+    } finally {
+      signalAll(h.site.login.processes(), 'SIGCONT');
+    }
+    const continuedAt = Date.now();
+    const timelines = async () =>
+      (await Promise.all(pods.map(async (p) => `${p.uid}: ${await timeline(deps, p.uid)}`))).join('\n');
+    const recovered = await waitFor(
+      'every pod active and through again',
+      async () => {
+        const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8').catch(() => '')));
+        return texts.every((t) => oksAfter(t, continuedAt) > 0) && (await allActive()) ? Date.now() : undefined;
+      },
+      90_000,
+    ).catch(async (err: Error) => {
+      throw new Error(`${err.message}\n${await timelines()}\nhost log: ${host.log().slice(-3000)}`);
+    });
+    const all = await timelines();
+    console.log(
+      `login node stopped ${seconds} s: every pod active and through again ${recovered - continuedAt} ms after it continued (${continuedAt - stoppedAt} ms stopped)\n${all}`,
+    );
+    expect(all).not.toContain('->failed');
+    // Short outages end while the relaunch still waits for the login node's handshake.
+    if (seconds > 60) expect(all).toContain('login-unreachable');
+    for (const p of pods) expect((await deps.store.load(p.uid))?.state).toBe('active');
+    expect((await deps.leases.list()).leases).toHaveLength(pods.length);
+  }, 360_000);
 });

@@ -44,7 +44,13 @@ const INPUT: PodInput = {
 };
 const HOST = 'session-host-a';
 const BATCH = { batchHost: 'node-17', jobId: '4242' };
-const SOFT = { kind: 'login-unreachable', message: 'connect ECONNREFUSED', permanent: false };
+const SOFT = { kind: 'node-unreachable', message: 'connect ECONNREFUSED', permanent: false };
+/** The login node out of reach: the whole site, not this pod. */
+const SITE = {
+  kind: 'login-unreachable',
+  message: 'login 10.0.0.1:22: Timed out while waiting for handshake',
+  permanent: false,
+};
 const HARD = { kind: 'host-key-mismatch', message: 'host key of login.example changed', permanent: true };
 
 const SHADOW_STATES = [
@@ -551,6 +557,48 @@ describe('pod machine: retry budget and backoff', () => {
     expect(stopped).toEqual([1, 2, 3, 4, 5]);
     expect(snapshot.context).toMatchObject({ attempts: 5, generation: 5, deadline: null });
     expect(snapshot.context.lastError).toMatchObject({ kind: 'carrier-lost', message: 'keepalive timeout' });
+  });
+
+  it('the site out of reach spends no launch: the pod relaunches, backing off to 30 s, until it answers', () => {
+    const input = { ...INPUT, retryLimit: 3, backoffBaseMs: 1_000, backoffMaxMs: 300_000 };
+    let snapshot = reach('launchingShadow', input);
+    snapshot = step(snapshot, report(snapshot, 'CARRIER_LOST', T0 + 100)).snapshot; // the carrier died: 1 spent
+    expect(snapshot.context.attempts).toBe(2);
+    const delays: number[] = [];
+    let at = T0 + 200;
+    // Forty failures in a row: a budget of 3 would have failed the pod at the third.
+    for (let i = 0; i < 40; i++) {
+      at += 1_000;
+      const result = step(snapshot, {
+        type: 'SESSION_FAILED',
+        at,
+        generation: snapshot.context.generation,
+        error: SITE,
+      });
+      expect(result.to, `failure ${i}`).toBe('launchingShadow');
+      for (const action of result.actions) if (action.type === 'runStep') delays.push(action.params.delayMs ?? -1);
+      snapshot = result.snapshot;
+    }
+    expect(snapshot.context.attempts).toBe(2);
+    expect(snapshot.context.lastError).toMatchObject({ kind: 'login-unreachable' });
+    expect(delays.slice(0, 6)).toEqual([2_000, 4_000, 8_000, 16_000, 30_000, 30_000]);
+    expect(Math.max(...delays)).toBe(30_000);
+    // The site answers again; a failure of the pod's own spends again, from where it was.
+    const own = step(snapshot, {
+      type: 'SESSION_FAILED',
+      at: at + 1,
+      generation: snapshot.context.generation,
+      error: SOFT,
+    });
+    expect(own.to).toBe('launchingShadow');
+    expect(own.snapshot.context.attempts).toBe(3);
+    const last = step(own.snapshot, {
+      type: 'SESSION_FAILED',
+      at: at + 2,
+      generation: own.snapshot.context.generation,
+      error: SOFT,
+    });
+    expect(last.to).toBe('failed');
   });
 
   it('FORWARDS_READY resets the count: the next loss relaunches at once with the whole budget', () => {
