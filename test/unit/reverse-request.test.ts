@@ -23,7 +23,7 @@ describe('interlink.eu/reverse-forwards grammar (DESIGN §4.1)', () => {
     expect(err.message.length).toBeLessThan(1_000);
     expect(err.message).toContain('(400003 characters)');
     const hostile = refused({ [FWD]: 'evil\u001b[2J\nhost_x:80' });
-    expect(hostile.message).not.toMatch(/[\u0000-\u001f]/);
+    expect([...hostile.message].some((c) => c.charCodeAt(0) < 0x20)).toBe(false);
     expect(hostile.message).toContain('"evil\\u001b[2J"');
   });
 
