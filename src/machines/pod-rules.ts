@@ -120,8 +120,8 @@ export const SITE_WIDE_ERRORS: ReadonlySet<string> = new Set(['login-unreachable
 /** The longest wait between two launches while the site is out of reach: short, so pods come back soon after it. */
 export const SITE_BACKOFF_MAX_MS = 30_000;
 
-export function isSiteWide(error: PodError): boolean {
-  return !error.permanent && SITE_WIDE_ERRORS.has(error.kind);
+export function isSiteWide(error: Pick<PodError, 'kind'> & { permanent?: boolean }): boolean {
+  return error.permanent !== true && SITE_WIDE_ERRORS.has(error.kind);
 }
 
 /** Launches and backoff of the next launch, after the event that ended the last one (or started the first). */

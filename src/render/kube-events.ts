@@ -1,3 +1,4 @@
+import { isSiteWide } from '../machines/pod-rules.js';
 import type { PodContext, PodEvent, PodStateName } from '../machines/pod-types.js';
 import { ANNOTATION } from '../spec/annotations.js';
 
@@ -32,6 +33,7 @@ export const EVENT_REASONS = {
   failed: 'ReverseSetupFailed',
   teardownFailed: 'ReverseTeardownFailed',
   retrying: 'ReverseSetupRetrying',
+  siteUnreachable: 'ReverseSiteUnreachable',
   preludeMissing: 'PreludeMissing',
 } as const;
 
@@ -107,11 +109,19 @@ export function transitionEvents(
   }
   if (to === 'launchingShadow' && from !== null && from !== 'rendering' && SESSION_FAILURES.has(event.type)) {
     // No attempt numbers in the message: the same failure again is the same Event, counted (x3 over 5m).
-    specs.push({
-      type: 'Warning',
-      reason: EVENT_REASONS.sessionFailed,
-      message: `shadow session failed: ${lastError(ctx)}; relaunching (at most ${ctx.retryLimit} attempts in a row)`,
-    });
+    specs.push(
+      ctx.lastError && isSiteWide(ctx.lastError)
+        ? {
+            type: 'Warning',
+            reason: EVENT_REASONS.siteUnreachable,
+            message: `the site is out of reach (${lastError(ctx)}); waiting for it: relaunching every 30 s at most, without spending this pod's attempts`,
+          }
+        : {
+            type: 'Warning',
+            reason: EVENT_REASONS.sessionFailed,
+            message: `shadow session failed: ${lastError(ctx)}; relaunching (at most ${ctx.retryLimit} attempts in a row)`,
+          },
+    );
   }
   if (to === 'active' && from !== 'active') {
     const n = forwardCount(ctx);

@@ -122,6 +122,34 @@ describe('Kubernetes Events of machine transitions', () => {
     expect(gaveUp[0]?.message).toContain('giving up after 5 attempt(s)');
   });
 
+  it('the site out of reach: its own Warning, saying the pod waits without spending its attempts', () => {
+    const failure: PodEvent = {
+      type: 'SESSION_FAILED',
+      error: {
+        kind: 'login-unreachable',
+        message: 'login 10.0.0.1:22: Timed out while waiting for handshake',
+        permanent: false,
+      },
+      generation: 2,
+      at,
+    };
+    const err = { kind: 'login-unreachable', message: 'login 10.0.0.1:22: Timed out while waiting for handshake', at };
+    const specs = transitionEvents(
+      ctx({ generation: 3, lastError: err }),
+      'launchingShadow',
+      'launchingShadow',
+      failure,
+    );
+    expect(specs).toEqual([
+      {
+        type: 'Warning',
+        reason: EVENT_REASONS.siteUnreachable,
+        message:
+          "the site is out of reach (login-unreachable: login 10.0.0.1:22: Timed out while waiting for handshake); waiting for it: relaunching every 30 s at most, without spending this pod's attempts",
+      },
+    ]);
+  });
+
   it('nothing for the ordinary steps in between', () => {
     expect(
       transitionEvents(ctx(), null, 'validating', {
