@@ -2,10 +2,10 @@ import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import type { FleetDeps } from '../../src/workers/fleet-deps.js';
 import { sendEvent } from '../../src/workers/queues.js';
+import { oksAfter, prober, signalAll, timeline } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
-import { exists, PYTHON, planFor, uid, userProcesses, waitFor } from '../fixtures/shadow-harness.js';
+import { exists, planFor, uid, userProcesses, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, jobState } from '../fixtures/slurm.js';
 import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
@@ -15,45 +15,6 @@ import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/work
  */
 
 const DB = 12;
-
-/** A client in the job trying the forward every 200 ms: one line per try, `ok <ms>` or `fail <ms>`. */
-function prober(port: number): string {
-  return `${PYTHON} - <<'PYEOF'
-import os, socket, time
-addr = os.environ['BACKHAUL_BIND_ADDRESS']
-while True:
-    t = int(time.time() * 1000)
-    try:
-        s = socket.create_connection((addr, ${port}), timeout=2)
-        s.sendall(b'ping')
-        s.shutdown(socket.SHUT_WR)
-        data = s.recv(16)
-        s.close()
-        print(('ok' if data == b'ping' else 'fail'), t, flush=True)
-    except Exception:
-        print('fail', t, flush=True)
-    time.sleep(0.2)
-PYEOF
-`;
-}
-
-function oksAfter(text: string, since: number): number {
-  return text.split('\n').filter((line) => {
-    const [word, ms] = line.split(' ');
-    return word === 'ok' && Number(ms) > since;
-  }).length;
-}
-
-/** Sends SIGSTOP or SIGCONT to every process of a fleet member or an sshd. */
-function signalAll(pids: readonly number[], signal: 'SIGSTOP' | 'SIGCONT'): void {
-  for (const pid of pids) {
-    try {
-      process.kill(pid, signal);
-    } catch {
-      // gone meanwhile
-    }
-  }
-}
 
 let redis: Awaited<ReturnType<typeof privateRedis>> | undefined;
 const workers: WorkerProcess[] = [];
@@ -82,12 +43,6 @@ async function fleetSite(
   const site = await processFleetSite(redis.url, siteOptions, backhaul);
   sites.push(site);
   return site;
-}
-
-function timeline(deps: FleetDeps, podUid: string): Promise<string> {
-  return deps.store
-    .history(podUid)
-    .then((h) => h.map((e) => `${e.event}:${e.from}->${e.to}${e.detail ? ` (${e.detail})` : ''}`).join(' | '));
 }
 
 describe.each([

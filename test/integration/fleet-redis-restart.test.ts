@@ -1,11 +1,12 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createRedis } from '../../src/store/redis.js';
 import type { FleetDeps } from '../../src/workers/fleet-deps.js';
 import { sendEvent } from '../../src/workers/queues.js';
+import { oksAfter, prober, timeline } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { uid, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs } from '../fixtures/slurm.js';
@@ -48,6 +49,10 @@ class PrivateRedis {
     await waitFor('redis up', async () => ((await probe.ping().catch(() => '')) === 'PONG' ? true : undefined), 10_000);
     probe.disconnect();
   }
+  /** SIGSTOP / SIGCONT: connections stay open and nothing answers, as on a hung Redis host. */
+  signal(signal: 'SIGSTOP' | 'SIGCONT'): void {
+    this.child?.kill(signal);
+  }
   /** kill -9: nothing but the AOF survives. */
   async crash(): Promise<void> {
     const child = this.child;
@@ -58,7 +63,7 @@ class PrivateRedis {
   }
 }
 
-describe('Redis restarts while pods are active', () => {
+describe('Redis restarts or hangs while pods are active', () => {
   let site: ProcessFleetSite;
   let redis: PrivateRedis;
   let deps: FleetDeps;
@@ -71,12 +76,20 @@ describe('Redis restarts while pods are active', () => {
     deps = site.deps;
   }, 120_000);
 
-  afterAll(async () => {
-    for (const w of workers) {
+  // Each test starts on an empty Redis with no worker and no job of the one before.
+  afterEach(async () => {
+    redis.signal('SIGCONT');
+    for (const w of workers.splice(0)) {
+      w.kill('SIGCONT');
       w.kill('SIGKILL');
       await w.exited;
     }
     await cancelSubmittedJobs();
+    const admin = createRedis(redis.url, { kind: 'command' });
+    await admin.flushall().finally(() => admin.disconnect());
+  });
+
+  afterAll(async () => {
     await site?.close();
     await redis?.crash();
     if (redis) await rm(redis.dir, { recursive: true, force: true });
@@ -137,5 +150,70 @@ describe('Redis restarts while pods are active', () => {
     await waitFor('new pod active', async () => ((await state(fresh)) === 'active' ? true : undefined), 90_000);
     for (const p of pods.slice(1)) expect(await state(p)).toBe('active');
     expect(worker.child.exitCode).toBeNull();
+  }, 300_000);
+  it('Redis SIGSTOPped 20 s, then continued: the forwards keep working through it, every pod active after, none replaced, nothing left', async () => {
+    const control = startWorker(site.configPath, redis.url, 'control', 'control-s');
+    const host = startWorker(site.configPath, redis.url, 'session', 'host-s');
+    workers.push(control, host);
+    await Promise.all([workerStarted(control), workerStarted(host)]);
+    const pods = Array.from({ length: 3 }, (_, i) => ({ uid: uid(), port: 15500 + i }));
+    const outs = pods.map((p) => join(site.h.workdir, `${p.uid}.out`));
+    for (const [i, p] of pods.entries()) {
+      await submitPod(site, p.uid, `redis-stop-${i}`, `${p.port}:127.0.0.1:${site.echo.port}`, prober(p.port), outs[i]);
+    }
+    const allActive = async () =>
+      (await Promise.all(pods.map((p) => state(p.uid)))).every((s) => s === 'active') ? true : undefined;
+    await waitFor('the pods active', allActive, 90_000);
+    const generations = async () =>
+      Promise.all(
+        pods.map(
+          async (p) =>
+            ((await deps.store.load(p.uid))?.snapshot as { context?: { generation?: number } } | undefined)?.context
+              ?.generation,
+        ),
+      );
+    const before = await generations();
+
+    redis.signal('SIGSTOP');
+    const stoppedAt = Date.now();
+    try {
+      await new Promise((r) => setTimeout(r, 20_000));
+    } finally {
+      redis.signal('SIGCONT');
+    }
+    const continuedAt = Date.now();
+    const timelines = async () =>
+      (await Promise.all(pods.map(async (p) => `${p.uid}: ${await timeline(deps, p.uid)}`))).join('\n');
+    const recovered = await waitFor(
+      'every pod active and through again',
+      async () => {
+        const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8').catch(() => '')));
+        return texts.every((t) => oksAfter(t, continuedAt) > 0) && (await allActive()) ? Date.now() : undefined;
+      },
+      90_000,
+    ).catch(async (err: Error) => {
+      throw new Error(`${err.message}\n${await timelines()}\nhost log: ${host.log().slice(-3000)}`);
+    });
+    // Let a renewal round or two run, then look again: nothing flaps.
+    await new Promise((r) => setTimeout(r, 6_000));
+    const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8')));
+    const failsDuring = texts.map(
+      (t) =>
+        t.split('\n').filter((line) => {
+          const [word, ms] = line.split(' ');
+          return word === 'fail' && Number(ms) >= stoppedAt && Number(ms) <= Date.now();
+        }).length,
+    );
+    const all = await timelines();
+    console.log(
+      `Redis stopped 20 s (${continuedAt - stoppedAt} ms): every pod active and through ${recovered - continuedAt} ms after it continued; failed probes from the stop on, per pod: ${failsDuring.join(', ')}\n${all}`,
+    );
+    expect(await allActive()).toBe(true);
+    // The data plane does not need Redis: no probe failed, no shadow was replaced.
+    expect(failsDuring).toEqual(pods.map(() => 0));
+    expect(await generations()).toEqual(before);
+    expect((await deps.leases.list()).leases).toHaveLength(pods.length);
+    expect(control.child.exitCode).toBeNull();
+    expect(host.child.exitCode).toBeNull();
   }, 300_000);
 });
