@@ -6,7 +6,7 @@ import { sendEvent } from '../../src/workers/queues.js';
 import { oksAfter, prober, signalAll, timeline } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { exists, planFor, uid, userProcesses, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, jobState } from '../fixtures/slurm.js';
+import { cancelSubmittedJobs, jobState, scancel } from '../fixtures/slurm.js';
 import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 /**
@@ -157,6 +157,82 @@ describe('a pod deleted during its setup', () => {
     expect(await userProcesses(h.site.user.name, 'sshd -i')).toEqual([]);
     // The jobs themselves run on: backhaul cancels nothing of a job (the virtual kubelet does).
     for (const jobId of jobIds.slice(0, 3)) expect(['RUNNING', 'PENDING']).toContain((await jobState(jobId)).state);
+  }, 300_000);
+});
+
+describe('a job cancelled (scancel) under its pod', () => {
+  it('in every state, held or running, at setup or active: every pod torn down and forgotten, nothing left', async () => {
+    const site = await fleetSite();
+    const { h, deps, echo, configPath } = site;
+    if (!redis) throw new Error('no redis');
+    const control = startWorker(configPath, redis.url, 'control', 'control-1');
+    const host = startWorker(configPath, redis.url, 'session', 'host-1');
+    workers.push(control, host);
+    await Promise.all([workerStarted(control), workerStarted(host)]);
+
+    // 24 jobs cancelled 0.3–9.5 s after submission, every fourth held (pending until cancelled).
+    const pods = Array.from({ length: 24 }, (_, i) => ({
+      uid: uid(),
+      port: 16300 + i,
+      delayMs: 300 + i * 400,
+      held: i % 4 === 0,
+    }));
+    const jobIds = await Promise.all(
+      pods.map((p) =>
+        submitPod(
+          site,
+          p.uid,
+          `scancel-${p.port}`,
+          `${p.port}:127.0.0.1:${echo.port}`,
+          'sleep 600\n',
+          undefined,
+          p.held ? ['--hold'] : [],
+        ),
+      ),
+    );
+    const submittedAt = Date.now();
+    const statesAtCancel = await Promise.all(
+      pods.map(async (p, i) => {
+        await sleep(Math.max(0, submittedAt + p.delayMs - Date.now()));
+        const state = (await deps.store.load(p.uid))?.state ?? 'none';
+        await scancel(jobIds[i] ?? '');
+        return `${p.held ? 'held ' : ''}${state}`;
+      }),
+    );
+    const byState = new Map<string, number>();
+    for (const state of statesAtCancel) byState.set(state, (byState.get(state) ?? 0) + 1);
+    console.log(`states at the scancel: ${JSON.stringify(Object.fromEntries(byState))}`);
+    // The cancels must have landed in the states this test is about.
+    expect(statesAtCancel).toContain('active');
+    expect(statesAtCancel.some((s) => s.startsWith('held ') && s !== 'held none')).toBe(true);
+
+    const timelines = async () =>
+      (await Promise.all(pods.map(async (p) => `${p.uid}: ${await timeline(deps, p.uid)}`))).join('\n');
+    await waitFor(
+      'every pod torn down and forgotten',
+      async () =>
+        (await Promise.all(pods.map((p) => deps.store.load(p.uid)))).every((s) => s === null) ? true : undefined,
+      90_000,
+    ).catch(async (err: Error) => {
+      throw new Error(`${err.message}\n${await timelines()}\nhost log: ${host.log().slice(-3000)}`);
+    });
+    const all = await timelines();
+    expect(all, all).not.toContain('->failed');
+    for (const p of pods) {
+      const line = await timeline(deps, p.uid);
+      expect(line, line).toMatch(/(JOB_ENDED|SOCKETS_VANISHED):\w+->tearingDown/);
+      expect(line, line).toContain('->done');
+    }
+    const plans = pods.map((p) => planFor(h, p.uid, `${p.port}:127.0.0.1:${echo.port}`));
+    for (const plan of plans) {
+      const names = await readdir(plan.socketDir).catch(() => [] as string[]);
+      expect(
+        names.filter((n) => n.endsWith('.sock')),
+        plan.socketDir,
+      ).toEqual([]);
+    }
+    expect((await deps.leases.list()).leases).toEqual([]);
+    expect(await userProcesses(h.site.user.name, 'sshd -i')).toEqual([]);
   }, 300_000);
 });
 
