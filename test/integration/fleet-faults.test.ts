@@ -1,11 +1,12 @@
 import { readdir, readFile } from 'node:fs/promises';
+import type { Socket } from 'node:net';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { sendEvent } from '../../src/workers/queues.js';
 import { oksAfter, prober, signalAll, timeline } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
-import { exists, planFor, uid, userProcesses, waitFor } from '../fixtures/shadow-harness.js';
+import { echoServer, exists, planFor, uid, userProcesses, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, jobState, scancel } from '../fixtures/slurm.js';
 import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
@@ -234,6 +235,77 @@ describe('a job cancelled (scancel) under its pod', () => {
     expect((await deps.leases.list()).leases).toEqual([]);
     expect(await userProcesses(h.site.user.name, 'sshd -i')).toEqual([]);
   }, 300_000);
+});
+
+describe('an endpoint in the cluster down, then up', () => {
+  it('connections fail while it is down and work again once it is back, with the same session: no relaunch, nothing left', async () => {
+    const site = await fleetSite();
+    const { h, deps, configPath } = site;
+    if (!redis) throw new Error('no redis');
+    const control = startWorker(configPath, redis.url, 'control', 'control-1');
+    const host = startWorker(configPath, redis.url, 'session', 'host-1');
+    workers.push(control, host);
+    await Promise.all([workerStarted(control), workerStarted(host)]);
+
+    // The endpoint: an echo server that this test stops and starts again on its port.
+    let endpoint = await echoServer();
+    const endpointPort = endpoint.port;
+    const open = new Set<Socket>();
+    endpoint.server.on('connection', (c: Socket) => {
+      open.add(c);
+      c.on('close', () => open.delete(c));
+    });
+    try {
+      const podUid = uid();
+      const out = join(h.workdir, `${podUid}.out`);
+      const port = 16400;
+      await submitPod(site, podUid, 'endpoint', `${port}:127.0.0.1:${endpointPort}`, prober(port), out);
+      await waitFor(
+        'the pod active',
+        async () => ((await deps.store.load(podUid))?.state === 'active' ? true : undefined),
+        90_000,
+      );
+      const historyBefore = await timeline(deps, podUid);
+      const generationBefore = ((await deps.store.load(podUid))?.snapshot as { context?: { generation?: number } })
+        ?.context?.generation;
+
+      await new Promise<void>((resolve) => {
+        endpoint.server.close(() => resolve());
+        for (const c of open) c.destroy();
+      });
+      const downAt = Date.now();
+      await sleep(8_000);
+      const text = await readFile(out, 'utf8');
+      const failsWhileDown = text
+        .split('\n')
+        .filter((l) => l.startsWith('fail ') && Number(l.split(' ')[1]) > downAt + 500).length;
+      const oksWhileDown = oksAfter(text, downAt + 500);
+      endpoint = await echoServer(endpointPort);
+      const upAt = Date.now();
+      const through = await waitFor(
+        'the job through again after the endpoint came back',
+        async () => (oksAfter(await readFile(out, 'utf8'), upAt) > 0 ? Date.now() : undefined),
+        30_000,
+      ).catch(async (err: Error) => {
+        throw new Error(`${err.message}\n${await timeline(deps, podUid)}\nhost log: ${host.log().slice(-3000)}`);
+      });
+      console.log(
+        `endpoint down 8 s: ${failsWhileDown} probes failed, ${oksWhileDown} got through while down; through again ${through - upAt} ms after it was back`,
+      );
+      expect(failsWhileDown).toBeGreaterThan(10);
+      expect(oksWhileDown).toBe(0);
+      // The same session carried on: no event since it went active, same generation, one lease.
+      await sleep(3_000);
+      expect(await timeline(deps, podUid)).toBe(historyBefore);
+      const after = await deps.store.load(podUid);
+      expect(after?.state).toBe('active');
+      expect((after?.snapshot as { context?: { generation?: number } })?.context?.generation).toBe(generationBefore);
+      expect((await deps.leases.list()).leases).toHaveLength(1);
+      expect(oksAfter(await readFile(out, 'utf8'), through)).toBeGreaterThan(5);
+    } finally {
+      endpoint.server.close();
+    }
+  }, 180_000);
 });
 
 describe('outages of the site', () => {
