@@ -134,6 +134,8 @@ describe('a pod deleted during its setup', () => {
     const byState = new Map<string, number>();
     for (const state of statesAtDelete) byState.set(state, (byState.get(state) ?? 0) + 1);
     console.log(`states at the delete: ${JSON.stringify(Object.fromEntries(byState))}`);
+    // The deletes must have landed before and after the carrier (the half-open carrier has its own test).
+    expect([...byState.keys()]).toEqual(expect.arrayContaining(['waitingBatchHost', 'active']));
     await waitFor(
       'every pod forgotten',
       async () =>
@@ -159,6 +161,60 @@ describe('a pod deleted during its setup', () => {
     // The jobs themselves run on: backhaul cancels nothing of a job (the virtual kubelet does).
     for (const jobId of jobIds.slice(0, 3)) expect(['RUNNING', 'PENDING']).toContain((await jobState(jobId)).state);
   }, 300_000);
+});
+
+describe('a pod deleted while its carrier is half open', () => {
+  it('the carrier that completes after the delete is closed: nothing bound, no socket, sshd or lease left', async () => {
+    const site = await fleetSite();
+    const { h, deps, echo, configPath } = site;
+    if (!redis) throw new Error('no redis');
+    const control = startWorker(configPath, redis.url, 'control', 'control-1');
+    const host = startWorker(configPath, redis.url, 'session', 'host-1');
+    workers.push(control, host);
+    await Promise.all([workerStarted(control), workerStarted(host)]);
+    const podUid = uid();
+    const port = 16500;
+    const forwards = `${port}:127.0.0.1:${echo.port}`;
+    const plan = planFor(h, podUid, forwards);
+    // The node's sshd stopped: the carrier's connection is made, its SSH handshake waits.
+    signalAll(h.site.node.processes(), 'SIGSTOP');
+    let deletedAt = 0;
+    try {
+      await submitPod(site, podUid, 'half-open', forwards, 'sleep 600\n');
+      await waitFor(
+        'the pod opening its carrier',
+        async () => ((await deps.store.load(podUid))?.state === 'openingCarrier' ? true : undefined),
+        60_000,
+      );
+      await sleep(2_000);
+      await sendEvent(deps.queues, podUid, { type: 'POD_DELETED', at: Date.now() });
+      deletedAt = Date.now();
+      await sleep(2_000);
+    } finally {
+      // The handshake now completes, after the delete.
+      signalAll(h.site.node.processes(), 'SIGCONT');
+    }
+    await waitFor(
+      'the pod forgotten',
+      async () => ((await deps.store.load(podUid)) === null ? true : undefined),
+      60_000,
+    ).catch(async (err: Error) => {
+      throw new Error(`${err.message}\n${await timeline(deps, podUid)}\nhost log: ${host.log().slice(-3000)}`);
+    });
+    console.log(
+      `half-open carrier: pod forgotten ${Date.now() - deletedAt} ms after the delete: ${await timeline(deps, podUid)}`,
+    );
+    for (let i = 0; i < 8; i++) {
+      const names = await readdir(plan.socketDir).catch(() => [] as string[]);
+      expect(
+        names.filter((n) => n.endsWith('.sock')),
+        `${Date.now() - deletedAt} ms after the delete`,
+      ).toEqual([]);
+      await sleep(1_000);
+    }
+    expect((await deps.leases.list()).leases).toEqual([]);
+    expect(await userProcesses(h.site.user.name, 'sshd -i')).toEqual([]);
+  }, 180_000);
 });
 
 describe('a job cancelled (scancel) under its pod', () => {
