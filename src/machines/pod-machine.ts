@@ -14,7 +14,7 @@
  *
  *   from any shadow state: CARRIER_LOST | SESSION_FAILED | STEP_FAILED(launch) | DEADLINE
  *     → launchingShadow (next generation, after backoff) while launches are left, else → failed;
- *     the site out of reach (login-unreachable) spends no launch: the pod waits, backing off to 30 s;
+ *     the site out of reach (login- or slurm-unreachable) spends no launch: the pod waits, backing off to 30 s;
  *     a permanent error (and the node wait deadline) → failed at once. The old shadow is stopped.
  *   a report of a later phase skips the missed ones; a late report of a passed phase only fills in data.
  *   from every state but done: TEARDOWN | POD_DELETED → tearingDown.

@@ -111,11 +111,11 @@ export function hasBudget(context: PodContext): boolean {
 }
 
 /**
- * Error kinds that say the site is out of reach (the login node, or Slurm through it), not this pod's
+ * Error kinds that say the site is out of reach (the login node, or slurmctld behind it), not this pod's
  * job or node: a login node rebooting fails every pod at once, and must not use up their relaunches.
  * The pod relaunches without spending one, backing off up to SITE_BACKOFF_MAX_MS, until the site answers.
  */
-export const SITE_WIDE_ERRORS: ReadonlySet<string> = new Set(['login-unreachable']);
+export const SITE_WIDE_ERRORS: ReadonlySet<string> = new Set(['login-unreachable', 'slurm-unreachable']);
 
 /** The longest wait between two launches while the site is out of reach: short, so pods come back soon after it. */
 export const SITE_BACKOFF_MAX_MS = 30_000;

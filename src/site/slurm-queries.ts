@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client } from 'ssh2';
 import { squeueFailures, squeueQueries } from '../metrics/fleet-metrics.js';
-import { execCapture } from '../ssh/remote-exec.js';
+import { execCapture, RemoteTimeoutError } from '../ssh/remote-exec.js';
 import { SessionError } from '../ssh/session-error.js';
 import { currentJob, parseSqueue, type SlurmJob, squeueCommand } from './slurm-job.js';
 
@@ -88,7 +88,17 @@ export class SlurmJobLookup {
   private async squeue(names: readonly string[]): Promise<SlurmJob[]> {
     this.queries += 1;
     squeueQueries.inc();
-    const result = await execCapture(this.login, squeueCommand(this.user, names), { timeoutMs: QUERY_TIMEOUT_MS });
+    const result = await execCapture(this.login, squeueCommand(this.user, names), {
+      timeoutMs: QUERY_TIMEOUT_MS,
+    }).catch((err: unknown) => {
+      squeueFailures.inc();
+      // squeue that runs and does not finish waits for slurmctld (its own timeout is longer than ours).
+      if (err instanceof RemoteTimeoutError && err.phase === 'run')
+        throw new SessionError('slurm-unreachable', `squeue on the login node: ${err.message}`, { cause: err });
+      throw new SessionError('login-unreachable', `squeue on the login node: ${(err as Error).message}`, {
+        cause: err,
+      });
+    });
     if (result.code !== 0) {
       const said = result.stderr.trim().split('\n').slice(-2).join(' | ');
       const how =
@@ -98,7 +108,9 @@ export class SlurmJobLookup {
             ? `killed by ${result.signal}`
             : 'the channel closed without an exit status';
       squeueFailures.inc();
-      throw new SessionError('login-unreachable', `squeue failed on the login node (${how})${said ? `: ${said}` : ''}`);
+      // squeue that ran and failed: slurmctld does not answer; a channel that died: the login node.
+      const kind = result.code !== null ? 'slurm-unreachable' : 'login-unreachable';
+      throw new SessionError(kind, `squeue failed on the login node (${how})${said ? `: ${said}` : ''}`);
     }
     return parseSqueue(result.stdout);
   }

@@ -15,6 +15,20 @@ export function openExec(client: Client, command: string): Promise<ClientChannel
 }
 
 /**
+ * A remote command out of time: `open` when the server never opened its channel (its sshd is stuck),
+ * `run` when the command ran and did not finish (what it talks to is stuck).
+ */
+export class RemoteTimeoutError extends Error {
+  override readonly name = 'RemoteTimeoutError';
+  constructor(
+    readonly phase: 'open' | 'run',
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/**
  * Runs a command to completion on the far side, optionally feeding `stdin` (scripts travel on
  * stdin because the remote login shell may be csh, which mangles multi-line quoted arguments).
  */
@@ -36,7 +50,7 @@ export async function execCapture(
     const timer = setTimeout(
       () => {
         channel.close();
-        reject(new Error(`remote command timed out after ${timeoutMs} ms: ${command}`));
+        reject(new RemoteTimeoutError('run', `remote command timed out after ${timeoutMs} ms: ${command}`));
       },
       Math.max(0, deadline - Date.now()),
     );
@@ -77,7 +91,12 @@ function openWithin(client: Client, command: string, timeoutMs: number): Promise
     let late = false;
     const timer = setTimeout(() => {
       late = true;
-      reject(new Error(`remote command timed out after ${timeoutMs} ms opening its channel: ${command}`));
+      reject(
+        new RemoteTimeoutError(
+          'open',
+          `remote command timed out after ${timeoutMs} ms opening its channel: ${command}`,
+        ),
+      );
     }, timeoutMs);
     openExec(client, command).then(
       (channel) => {

@@ -3,18 +3,23 @@
  * retrying (carrier lost, login unreachable) and failing at once (host key mismatch, forwarding
  * refused by the site), and so an operator reads the cause rather than a stack trace.
  */
-export type SessionErrorKind =
-  | 'login-unreachable'
-  | 'node-unreachable'
-  | 'auth-refused'
-  | 'host-key-mismatch'
-  | 'forwarding-refused'
-  | 'bootstrap-failed'
-  | 'job-not-running'
-  | 'job-ended'
-  | 'carrier-lost'
-  | 'sockets-vanished'
-  | 'closed';
+export const SESSION_ERROR_KINDS = [
+  'login-unreachable',
+  /** squeue on the login node failed: slurmctld does not answer (site-wide, like the login node). */
+  'slurm-unreachable',
+  'node-unreachable',
+  'auth-refused',
+  'host-key-mismatch',
+  'forwarding-refused',
+  'bootstrap-failed',
+  'job-not-running',
+  'job-ended',
+  'carrier-lost',
+  'sockets-vanished',
+  'closed',
+] as const;
+
+export type SessionErrorKind = (typeof SESSION_ERROR_KINDS)[number];
 
 const PERMANENT: ReadonlySet<SessionErrorKind> = new Set(['auth-refused', 'host-key-mismatch', 'forwarding-refused']);
 

@@ -10,7 +10,7 @@ import type { CarrierSite } from './carrier.js';
 import { connectHopPipe } from './hop-pipes.js';
 import type { ExecStream, LoginHop, LoginHopLease, LoginHops } from './login-hop.js';
 import type { ExecResult } from './remote-exec.js';
-import { SessionError, type SessionErrorKind } from './session-error.js';
+import { SESSION_ERROR_KINDS, SessionError, type SessionErrorKind } from './session-error.js';
 import { ShadowSession } from './shadow-session.js';
 import { accessFromData } from './site-access.js';
 import type { FromThread, HopCall, HopValue, ToThread, TunnelThreadData, WireError } from './tunnel-protocol.js';
@@ -33,19 +33,7 @@ function call(request: HopCall): Promise<HopValue> {
   });
 }
 
-const KINDS: ReadonlySet<string> = new Set<SessionErrorKind>([
-  'login-unreachable',
-  'node-unreachable',
-  'auth-refused',
-  'host-key-mismatch',
-  'forwarding-refused',
-  'bootstrap-failed',
-  'job-not-running',
-  'job-ended',
-  'carrier-lost',
-  'sockets-vanished',
-  'closed',
-]);
+const KINDS: ReadonlySet<string> = new Set<string>(SESSION_ERROR_KINDS);
 
 function fromWire(error: WireError): Error {
   return error.kind && KINDS.has(error.kind)

@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 import type { Socket } from 'node:net';
 import { join } from 'node:path';
@@ -7,7 +8,7 @@ import { sendEvent } from '../../src/workers/queues.js';
 import { oksAfter, prober, signalAll, timeline } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { echoServer, exists, planFor, uid, userProcesses, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, jobState, scancel } from '../fixtures/slurm.js';
+import { cancelSubmittedJobs, jobState, scancel, scontrol } from '../fixtures/slurm.js';
 import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 /**
@@ -484,4 +485,79 @@ describe('outages of the site', () => {
     for (const p of pods) expect((await deps.store.load(p.uid))?.state).toBe('active');
     expect((await deps.leases.list()).leases).toHaveLength(pods.length);
   }, 360_000);
+  it('slurmctld stopped 60 s (SIGSTOP) while pods wait for their jobs: they wait it out without spending launches, then come up; an active pod never notices', async () => {
+    // One launch: a failure that spent one would fail the pod at once.
+    const site = await fleetSite({}, { RetryLimit: 1 });
+    const { h, deps, echo, configPath } = site;
+    if (!redis) throw new Error('no redis');
+    const control = startWorker(configPath, redis.url, 'control', 'control-1');
+    const host = startWorker(configPath, redis.url, 'session', 'host-1');
+    workers.push(control, host);
+    await Promise.all([workerStarted(control), workerStarted(host)]);
+    const pods = Array.from({ length: 3 }, (_, i) => ({ uid: uid(), port: 16600 + i }));
+    const outs = pods.map((p) => join(h.workdir, `${p.uid}.out`));
+    // Pod 0 runs; pods 1 and 2 are held (pending) until after the outage.
+    const jobIds: string[] = [];
+    for (const [i, p] of pods.entries()) {
+      jobIds.push(
+        await submitPod(
+          site,
+          p.uid,
+          `slurm-stop-${i}`,
+          `${p.port}:127.0.0.1:${echo.port}`,
+          prober(p.port),
+          outs[i],
+          i === 0 ? [] : ['--hold'],
+        ),
+      );
+    }
+    const stateOf = async (i: number) => (await deps.store.load(pods[i]?.uid ?? ''))?.state;
+    await waitFor('pod 0 active', async () => ((await stateOf(0)) === 'active' ? true : undefined), 90_000);
+    await waitFor(
+      'pods 1 and 2 waiting for their jobs',
+      async () =>
+        (await stateOf(1)) === 'waitingBatchHost' && (await stateOf(2)) === 'waitingBatchHost' ? true : undefined,
+      60_000,
+    );
+    const activeBefore = await timeline(deps, pods[0]?.uid ?? '');
+    const ctld = Number(readFileSync('/run/slurmctld.pid', 'utf8').trim());
+    signalAll([ctld], 'SIGSTOP');
+    const stoppedAt = Date.now();
+    try {
+      // Longer than a job lookup's three squeue attempts of 15 s: the waiting pods see it fail.
+      await sleep(60_000);
+    } finally {
+      signalAll([ctld], 'SIGCONT');
+    }
+    const continuedAt = Date.now();
+    for (const jobId of jobIds.slice(1)) await scontrol(['release', jobId]);
+    const timelines = async () =>
+      (await Promise.all(pods.map(async (p) => `${p.uid}: ${await timeline(deps, p.uid)}`))).join('\n');
+    const recovered = await waitFor(
+      'every pod active and through',
+      async () => {
+        const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8').catch(() => '')));
+        const states = await Promise.all(pods.map((_, i) => stateOf(i)));
+        return texts.every((t) => oksAfter(t, continuedAt) > 0) && states.every((s) => s === 'active')
+          ? Date.now()
+          : undefined;
+      },
+      90_000,
+    ).catch(async (err: Error) => {
+      throw new Error(`${err.message}\n${await timelines()}\nhost log: ${host.log().slice(-3000)}`);
+    });
+    const all = await timelines();
+    console.log(
+      `slurmctld stopped 60 s (${continuedAt - stoppedAt} ms): every pod active and through ${recovered - continuedAt} ms after it continued\n${all}`,
+    );
+    expect(all).not.toContain('->failed');
+    expect(all).toContain('slurm-unreachable');
+    // The active pod's session needs no slurmctld: nothing happened to it.
+    expect(await timeline(deps, pods[0]?.uid ?? '')).toBe(activeBefore);
+    const failsDuring = (await readFile(outs[0] ?? '', 'utf8'))
+      .split('\n')
+      .filter((l) => l.startsWith('fail ') && Number(l.split(' ')[1]) >= stoppedAt).length;
+    expect(failsDuring).toBe(0);
+    expect((await deps.leases.list()).leases).toHaveLength(pods.length);
+  }, 300_000);
 });
