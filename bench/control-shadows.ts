@@ -29,13 +29,14 @@ import { stringify as toYaml } from 'yaml';
 import { silentLogger } from '../src/log.js';
 import type { SessionPlan } from '../src/render/session-plan.js';
 import { parseSiteConfig, type SiteConfig } from '../src/spec/site-config.js';
+import { dialRulesOf } from '../src/ssh/endpoint-dial.js';
 import type { ShadowEnd, ShadowPhase } from '../src/ssh/shadow-session.js';
 import { ShadowSession } from '../src/ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { createRedis } from '../src/store/redis.js';
 import { type RunningFleet, startFleet } from '../src/workers/fleet.js';
 import { sendEvent } from '../src/workers/queues.js';
-import { startLoopbackSite } from '../test/fixtures/loopback-site.js';
+import { LOOPBACK_ENDPOINT_POLICY, startLoopbackSite } from '../test/fixtures/loopback-site.js';
 import { echoServer, jobScript, planFor } from '../test/fixtures/shadow-harness.js';
 import { sbatch } from '../test/fixtures/slurm.js';
 import { descendantsOf } from '../test/fixtures/sshd.js';
@@ -97,7 +98,12 @@ const configData = {
       Reverse: { ...site.siteConfig.Network.SSH.Reverse, PythonPath: '/usr/bin/python3', WaitForForwards: '60m' },
     },
   },
-  Backhaul: { Redis: { URL: URL_ }, SessionCapacity: N + WARM + 10, PhaseTimeout: '10m' },
+  Backhaul: {
+    EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
+    Redis: { URL: URL_ },
+    SessionCapacity: N + WARM + 10,
+    PhaseTimeout: '10m',
+  },
 };
 const config: SiteConfig = parseSiteConfig(configData);
 const access: SiteAccess = await openSiteAccess(config);
@@ -200,6 +206,7 @@ if (MODE === 'raw') {
         site: access.carrier,
         nodeWaitTimeoutMs: config.Network.SSH.NodeWaitTimeout,
         socketCheckMs: config.Backhaul.SocketCheckInterval,
+        dialRules: dialRulesOf(config),
         log: { warn: () => undefined, info: () => undefined },
         onPhase: (phase: ShadowPhase) => {
           if (phase.type === 'FORWARDS_READY') resolveReady();

@@ -4,11 +4,14 @@
  * host's own thread, opens the node carrier and binds the forwards. The benchmarks' clients then use
  * either the node sockets (the carrier alone) or the relay's address (what a workload dials).
  */
+
 import { readFileSync } from 'node:fs';
 import { chown, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { LOOPBACK_ENDPOINT_POLICY } from '../src/sandbox/loopback-site.js';
 import { parseSiteConfig } from '../src/spec/site-config.js';
+import { dialRulesOf } from '../src/ssh/endpoint-dial.js';
 import { type ShadowPhase, ShadowSession, type ShadowSessionOptions } from '../src/ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { type Shadow, type TunnelLogin, TunnelThreads } from '../src/ssh/tunnel-threads.js';
@@ -38,7 +41,11 @@ export async function startShadowHost(site: LoopbackSite, threads: number): Prom
         Reverse: { ...site.siteConfig.Network.SSH.Reverse, PythonPath: PYTHON, WaitForForwards: '60s' },
       },
     },
-    Backhaul: { KeepaliveInterval: '2s', TunnelThreads: threads },
+    Backhaul: {
+      EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
+      KeepaliveInterval: '2s',
+      TunnelThreads: threads,
+    },
   });
   const access = await openSiteAccess(config);
   onCleanup('login pool', () => access.pool.close());
@@ -90,6 +97,7 @@ export async function openShadowTunnel(
     nodeWaitTimeoutMs: 60_000,
     jobPollMs: 200,
     socketCheckMs: 3_000,
+    dialRules: dialRulesOf(host.config),
     onPhase: (phase) => {
       phases.push(phase);
       if (phase.type === 'FORWARDS_READY') ready();

@@ -11,6 +11,7 @@ import { type Carrier, openCarrier } from '../src/ssh/carrier.js';
 import type { LoginLease } from '../src/ssh/login-pool.js';
 import { type ForwardTarget, ReverseForwards } from '../src/ssh/reverse-forwards.js';
 import type { SiteAccess } from '../src/ssh/site-access.js';
+import { loopbackDialer } from '../test/fixtures/dial-rules.js';
 import type { LoopbackSite } from '../test/fixtures/loopback-site.js';
 import { freePort, isAlive } from '../test/fixtures/sshd.js';
 import type { TestUser } from '../test/fixtures/users.js';
@@ -109,7 +110,9 @@ export async function openBackhaulForwards(
   const log = {
     warn: (m: string, d?: Record<string, unknown>) => say(`forward warning: ${m} ${JSON.stringify(d ?? {})}`),
   };
-  const forwards = new ReverseForwards(carrier.client, targets, carrier.serverMessages, log);
+  const forwards = new ReverseForwards(carrier.client, targets, carrier.serverMessages, log, {
+    dialer: loopbackDialer(),
+  });
   await forwards.establish();
   onCleanup(`${mode} forwards`, async () => {
     await forwards.cancel();

@@ -3,6 +3,7 @@ import { chmodSync, chownSync, readFileSync } from 'node:fs';
 import { copyFile, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { LOOPBACK_ENDPOINT_POLICY } from '../src/sandbox/loopback-site.js';
 import { parseSiteConfig } from '../src/spec/site-config.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { autoTunnelThreads } from '../src/ssh/tunnel-threads.js';
@@ -518,7 +519,10 @@ async function main(): Promise<void> {
   if (PATHS.has('e')) {
     const config = parseSiteConfig({
       Network: { SSH: { ...site.siteConfig.Network.SSH } },
-      Backhaul: { KeepaliveInterval: '2s' },
+      Backhaul: {
+        EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
+        KeepaliveInterval: '2s',
+      },
     });
     ctx.access = await openSiteAccess(config);
     const pool = ctx.access.pool;

@@ -1,7 +1,12 @@
 import { hasPrelude, renderPrelude, stripPrelude } from '../render/prelude.js';
 import { annotationPatch, preExecWithPrelude } from '../render/webhook-patch.js';
 import { ANNOTATION, REVERSE_ANNOTATIONS } from '../spec/annotations.js';
-import { hasReverseAnnotations, parseReverseRequest, type ReverseRequest } from '../spec/reverse-request.js';
+import {
+  hasReverseAnnotations,
+  parseReverseRequest,
+  type ReverseRequest,
+  requestContext,
+} from '../spec/reverse-request.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { isSpecError, SpecError } from '../spec/spec-error.js';
 
@@ -148,11 +153,10 @@ export function admit(review: unknown, mode: AdmissionMode, config: SiteConfig):
     const annotations = annotationsOf(pod);
     if (!annotations || !hasReverseAnnotations(annotations)) return respond({ allowed: true });
     const reverse = config.Network.SSH.Reverse;
-    const parsed = parseReverseRequest(annotations, {
-      reverse,
-      podNamespace: request.namespace || pod.metadata?.namespace || 'default',
-      clusterDomain: config.Backhaul.ClusterDomain,
-    });
+    const parsed = parseReverseRequest(
+      annotations,
+      requestContext(config, request.namespace || pod.metadata?.namespace || 'default'),
+    );
     if (!parsed) return respond({ allowed: true });
     const existing = annotations[ANNOTATION.preExec];
     if (mode === 'mutate') {

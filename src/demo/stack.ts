@@ -5,12 +5,17 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { silentLogger } from '../log.js';
 import { renderPrelude } from '../render/prelude.js';
 import { renderSessionPlan, type SessionPlan } from '../render/session-plan.js';
-import { type LoopbackSite, type NodeForwarding, startLoopbackSite } from '../sandbox/loopback-site.js';
+import {
+  LOOPBACK_ENDPOINT_POLICY,
+  type LoopbackSite,
+  type NodeForwarding,
+  startLoopbackSite,
+} from '../sandbox/loopback-site.js';
 import { jobState, sbatch, scancel, TERMINAL_STATES, waitForState } from '../sandbox/slurm.js';
 import type { TestUser } from '../sandbox/users.js';
 import { startWorker, stopWorker, type WorkerProcess, workerStarted, writeConfig } from '../sandbox/worker-process.js';
 import { ANNOTATION } from '../spec/annotations.js';
-import { parseReverseRequest, type ReverseRequest } from '../spec/reverse-request.js';
+import { parseReverseRequest, type ReverseRequest, requestContext } from '../spec/reverse-request.js';
 import { parseSiteConfig, type SiteConfig } from '../spec/site-config.js';
 import { createRedis } from '../store/redis.js';
 import { type FleetDeps, fleetDeps } from '../workers/fleet-deps.js';
@@ -82,6 +87,7 @@ export function demoConfigData(setup: FleetSetup): Record<string, unknown> {
       },
     },
     Backhaul: {
+      EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
       Redis: { URL: setup.redisUrl },
       // KeepaliveInterval stays at its default (2 s): an srun carrier on a busy machine can hold a
       // keepalive reply back behind a few MiB of data for longer than 1 s x 2.
@@ -143,11 +149,7 @@ export interface DemoPod {
 export function demoPod(config: SiteConfig, namespace: string, name: string, endpoint: string): DemoPod {
   const uid = randomUUID();
   const annotations = { [ANNOTATION.forwards]: endpoint };
-  const request = parseReverseRequest(annotations, {
-    reverse: config.Network.SSH.Reverse,
-    podNamespace: namespace,
-    clusterDomain: config.Backhaul.ClusterDomain,
-  });
+  const request = parseReverseRequest(annotations, requestContext(config, namespace));
   if (!request) throw new Error('the demo pod has no reverse request');
   const plan = renderSessionPlan({ uid, namespace, name, nodeName: undefined, annotations }, request, config);
   return { uid, namespace, name, annotations, request, plan };

@@ -1,4 +1,5 @@
 import type { CarrierMode } from '../spec/carrier-mode.js';
+import { isSlurmNodeName } from '../spec/host-names.js';
 import { SpecError } from '../spec/spec-error.js';
 import { shellWord } from './shell-quote.js';
 import { carrierPaths } from './userspace-sshd.js';
@@ -38,8 +39,6 @@ export type CarrierCommands =
 
 /** Job ids as squeue prints them: digits, or `<array job>_<task>` for array jobs. */
 const JOB_ID = /^[0-9]{1,18}(?:_[0-9]{1,9})?$/;
-/** Slurm node names: host-name characters only (some sites use `_`). */
-const BATCH_HOST = /^(?=.{1,253}$)[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9][A-Za-z0-9_-]*)*$/;
 
 /** Throws SpecError unless the id is a Slurm job id: it comes from a remote machine's squeue output. */
 export function validateJobId(jobId: string): string {
@@ -54,7 +53,7 @@ export function validateJobId(jobId: string): string {
 
 /** Throws SpecError unless the name is a plain host name: it comes from a remote machine's squeue output. */
 export function validateBatchHost(batchHost: string): string {
-  if (!BATCH_HOST.test(batchHost)) {
+  if (!isSlurmNodeName(batchHost)) {
     throw new SpecError('batchHost', 'not a host name', {
       entry: batchHost,
       accepted: 'a host name of letters, digits, "-", "_" and "."',

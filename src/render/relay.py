@@ -244,7 +244,97 @@ def _proc_hex(ip16, port, v4):
     return ("".join("%08X" % w for w in words) + ":%04X" % port).encode("ascii")
 
 
+# sock_diag (linux/inet_diag.h): the kernel looks the peer's socket up by its exact 4-tuple, O(1),
+# where /proc/net/tcp is a scan of every socket (54 ms at 18k entries). /proc stays the fallback for
+# kernels without it.
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST = 1
+NLMSG_ERROR = 2
+INET_DIAG_NOCOOKIE = 0xFFFFFFFF
+TCPF_ALL_BUT_TIME_WAIT = 0xFFF & ~(1 << 6)  # every state but TIME_WAIT (owned by nobody)
+TCPF_LISTEN = 1 << 10
+_DIAG_UNAVAILABLE = "unavailable"
+_diag_state = {"works": None}
+
+
+def _diag_query(family, src_ip16, src_port, dst_ip16, dst_port):
+    """(uid, inode) of the TCP socket with this exact 4-tuple; None if there is none;
+    _DIAG_UNAVAILABLE if sock_diag cannot be used here."""
+    raw_src = src_ip16[12:] if family == socket.AF_INET else src_ip16
+    raw_dst = dst_ip16[12:] if family == socket.AF_INET else dst_ip16
+    sockid = struct.pack(">HH", src_port, dst_port)
+    sockid += raw_src.ljust(16, b"\x00") + raw_dst.ljust(16, b"\x00")
+    sockid += struct.pack("=III", 0, INET_DIAG_NOCOOKIE, INET_DIAG_NOCOOKIE)
+    states = TCPF_ALL_BUT_TIME_WAIT & ~TCPF_LISTEN
+    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, states) + sockid
+    header = struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0)
+    try:
+        nl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+    except (OSError, AttributeError):
+        return _DIAG_UNAVAILABLE
+    try:
+        nl.settimeout(1.0)
+        nl.sendto(header + request, (0, 0))
+        data = nl.recv(8192)
+    except OSError:
+        return _DIAG_UNAVAILABLE
+    finally:
+        nl.close()
+    if len(data) < 20:
+        return _DIAG_UNAVAILABLE
+    length, kind = struct.unpack_from("=IH", data, 0)
+    if kind == NLMSG_ERROR:
+        code = -struct.unpack_from("=i", data, 16)[0]
+        if code == errno.ENOENT:
+            return None
+        return _DIAG_UNAVAILABLE  # EINVAL, EOPNOTSUPP...: no inet_diag for this family here
+    if kind != SOCK_DIAG_BY_FAMILY or len(data) < 16 + 72:
+        return _DIAG_UNAVAILABLE
+    state = struct.unpack_from("=B", data, 17)[0]
+    uid, inode = struct.unpack_from("=II", data, 16 + 64)
+    if state == 6:  # TIME_WAIT: no owner
+        return None
+    return (uid, inode)
+
+
+def _diag_peer_uid(local16, local_port, peer16, peer_port):
+    """uid of the peer's socket by sock_diag; None if not found or orphaned;
+    _DIAG_UNAVAILABLE to fall back to /proc."""
+    families = []
+    if local16.startswith(_V4_MAPPED_PREFIX) and peer16.startswith(_V4_MAPPED_PREFIX):
+        families.append(socket.AF_INET)
+    families.append(socket.AF_INET6)
+    unavailable = 0
+    for family in families:
+        found = _diag_query(family, peer16, peer_port, local16, local_port)
+        if found is _DIAG_UNAVAILABLE:
+            unavailable += 1
+            continue
+        if found is None:
+            continue
+        uid, inode = found
+        if inode == 0:
+            return None  # orphaned (closed by its process): whoever it was, it is not asking now
+        return uid
+    return _DIAG_UNAVAILABLE if unavailable == len(families) else None
+
+
 def peer_uid(local_name, peer_name):
+    """uid owning the peer's socket, or None if it cannot be found (sock_diag,
+    else /proc/net/tcp{,6}); a socket no process holds (inode 0) is not found."""
+    if _diag_state["works"] is not False:
+        found = _diag_peer_uid(_ip16(local_name[0]), local_name[1], _ip16(peer_name[0]), peer_name[1])
+        if found is not _DIAG_UNAVAILABLE:
+            _diag_state["works"] = True
+            return found
+        if _diag_state["works"] is None:
+            _diag_state["works"] = False
+            log("sock_diag unavailable: owners are looked up in /proc/net/tcp")
+    return proc_peer_uid(local_name, peer_name)
+
+
+def proc_peer_uid(local_name, peer_name):
     """uid owning the peer's socket, or None if it cannot be found.
 
     local_name/peer_name are getsockname()/getpeername() of the accepted
@@ -280,6 +370,8 @@ def peer_uid(local_name, peer_name):
                     continue
                 if fields[3].upper() in (TCP_TIME_WAIT, TCP_LISTEN):
                     continue  # a time-wait entry has no owner (uid 0)
+                if len(fields) < 10 or fields[9] == b"0":
+                    continue  # inode 0: no process holds it (orphaned); its uid says nothing
                 try:
                     return int(fields[7])
                 except ValueError:

@@ -41,6 +41,12 @@ export interface LoopbackSiteOptions {
 }
 
 /** The site configuration as data (before defaults), matching src/spec/site-config.ts. */
+/**
+ * Everything in a loopback site is on 127.0.0.1 (the endpoints the tests and the demo dial too): the
+ * endpoint policy must name loopback, which it never opens otherwise.
+ */
+export const LOOPBACK_ENDPOINT_POLICY = { Allow: { CIDRs: ['127.0.0.0/8'] } };
+
 export interface LoopbackSiteConfig {
   Network: {
     SSH: {
@@ -57,6 +63,7 @@ export interface LoopbackSiteConfig {
       };
     };
   };
+  Backhaul: { EndpointPolicy: typeof LOOPBACK_ENDPOINT_POLICY };
 }
 
 export interface LoopbackSite {
@@ -194,6 +201,7 @@ export async function startLoopbackSite(options: LoopbackSiteOptions = {}): Prom
           Reverse: { Enabled: true, Sshd: 'node', NodeExec: 'ssh', NodeSshPort: node.port },
         },
       },
+      Backhaul: { EndpointPolicy: LOOPBACK_ENDPOINT_POLICY },
     };
     const siteConfigYaml = toYaml(siteConfig);
     const siteConfigPath = path.join(dir, 'site.yaml');

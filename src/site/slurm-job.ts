@@ -1,4 +1,5 @@
 import { shellWord } from '../render/shell-quote.js';
+import { isSlurmNodeName } from '../spec/host-names.js';
 
 /**
  * Finding a pod's Slurm job through the login node. interLink's Slurm plugin names the job after the
@@ -53,7 +54,6 @@ export interface SlurmJob {
 
 const FIELD_SEPARATOR = '|';
 const JOB_ID = /^\d+(?:_\d+)?$/;
-const HOST = /^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})$/;
 
 /**
  * One `squeue` for the jobs of `user` with any of `jobNames`, in every state, one `id|state|batchhost|name`
@@ -74,7 +74,7 @@ export function parseSqueue(output: string): SlurmJob[] {
   for (const line of output.split('\n')) {
     const [jobId, state, host, ...name] = line.trim().split(FIELD_SEPARATOR);
     if (!jobId || !state || !JOB_ID.test(jobId)) continue;
-    const batchHost = host && host !== 'n/a' && host !== '(null)' && HOST.test(host) ? host : undefined;
+    const batchHost = host && host !== 'n/a' && host !== '(null)' && isSlurmNodeName(host) ? host : undefined;
     jobs.push({ jobId, name: name.join(FIELD_SEPARATOR), state, phase: jobPhase(state), batchHost });
   }
   return jobs;

@@ -6,6 +6,16 @@
 const LABEL = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/;
 const IPV4 = /^(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$/;
 
+/**
+ * Slurm node names as squeue prints them and carriers dial them: host-name characters, with `_`
+ * (Slurm accepts it and some sites use it); one grammar for the squeue parser and the carrier commands.
+ */
+const SLURM_NODE = /^(?=.{1,253}$)[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9][A-Za-z0-9_-]*)*$/;
+
+export function isSlurmNodeName(host: string): boolean {
+  return SLURM_NODE.test(host);
+}
+
 export function isIpv4(host: string): boolean {
   return IPV4.test(host);
 }
@@ -23,6 +33,8 @@ export interface ServiceAddress {
   dialHost: string;
   /** Names the job's hosts file maps to the bind address; empty for an IPv4 endpoint. */
   names: string[];
+  /** The Service the host names, when it names one. */
+  service?: { name: string; namespace: string };
 }
 
 /**
@@ -46,5 +58,5 @@ export function serviceAddress(host: string, podNamespace: string, clusterDomain
   const fqdn = `${name}.${namespace}${suffix}`;
   const names = [fqdn, `${name}.${namespace}.svc`, `${name}.${namespace}`];
   if (namespace === podNamespace) names.push(name);
-  return { dialHost: fqdn, names };
+  return { dialHost: fqdn, names, service };
 }

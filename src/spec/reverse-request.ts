@@ -1,6 +1,7 @@
 import { ANNOTATION, MAX_FORWARDS, MIN_LISTEN_PORT, REVERSE_ANNOTATIONS } from './annotations.js';
+import { type EndpointPolicy, NamespaceEndpointPolicy } from './endpoint-policy.js';
 import { isDnsName, isIpv4, serviceAddress } from './host-names.js';
-import type { ReverseConfig } from './site-config.js';
+import type { ReverseConfig, SiteConfig } from './site-config.js';
 import { quote, SpecError } from './spec-error.js';
 
 export type NodeExec = 'ssh' | 'srun';
@@ -27,6 +28,17 @@ export interface RequestContext {
   reverse: ReverseConfig;
   podNamespace: string;
   clusterDomain: string;
+  endpoints: EndpointPolicy;
+}
+
+/** What a pod of PODNAMESPACE is validated against on this site. */
+export function requestContext(config: SiteConfig, podNamespace: string): RequestContext {
+  return {
+    reverse: config.Network.SSH.Reverse,
+    podNamespace,
+    clusterDomain: config.Backhaul.ClusterDomain,
+    endpoints: config.Backhaul.EndpointPolicy,
+  };
 }
 
 const ENTRY_ACCEPTED =
@@ -79,8 +91,9 @@ function parseForwards(value: string | undefined, ctx: RequestContext): Forward[
     });
   }
   const byListenPort = new Map<number, string>();
+  const policy = new NamespaceEndpointPolicy(ctx.endpoints, ctx.podNamespace);
   return entries.map((entry) => {
-    const forward = parseForwardEntry(entry, ctx);
+    const forward = parseForwardEntry(entry, ctx, policy);
     const previous = byListenPort.get(forward.listenPort);
     if (previous !== undefined) {
       throw new SpecError(field, `listen port ${forward.listenPort} is already used by ${quote(previous)}`, {
@@ -93,7 +106,7 @@ function parseForwards(value: string | undefined, ctx: RequestContext): Forward[
   });
 }
 
-function parseForwardEntry(entry: string, ctx: RequestContext): Forward {
+function parseForwardEntry(entry: string, ctx: RequestContext, policy: NamespaceEndpointPolicy): Forward {
   const field = ANNOTATION.forwards;
   const fail = (problem: string, accepted = ENTRY_ACCEPTED): never => {
     throw new SpecError(field, problem, { entry, accepted });
@@ -134,6 +147,13 @@ function parseForwardEntry(entry: string, ctx: RequestContext): Forward {
     );
   }
   const address = serviceAddress(host, ctx.podNamespace, ctx.clusterDomain);
+  const refusal = policy.refusalOfName({ host, port, service: address.service });
+  if (refusal !== undefined) {
+    throw new SpecError(field, `endpoint not allowed: ${refusal}`, {
+      entry,
+      accepted: `an endpoint the site's endpoint policy allows (by default: Services of namespace ${ctx.podNamespace} and the Kubernetes API)`,
+    });
+  }
   return { listenPort, host, port, dialHost: address.dialHost, names: address.names };
 }
 

@@ -1,6 +1,7 @@
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { duration } from './duration.js';
+import { endpointPolicySchema } from './endpoint-policy.js';
 import { SpecError } from './spec-error.js';
 
 /**
@@ -129,6 +130,8 @@ export const backhaulSchema = z.strictObject({
     .record(z.string().regex(HOST_NAME, 'expected a DNS host name'), z.string().regex(IPV4, 'expected an IPv4 address'))
     .default({}),
   Kubernetes: kubernetesSchema.prefault({}),
+  /** What pods may reach through their tunnels (src/spec/endpoint-policy.ts; README "Endpoint policy"). */
+  EndpointPolicy: endpointPolicySchema.prefault({}),
 });
 
 export const siteConfigSchema = z

@@ -1,7 +1,7 @@
-import { connect, type Socket } from 'node:net';
+import type { Socket } from 'node:net';
 import { pipeline } from 'node:stream';
 import type { AcceptConnection, Channel, Client, RejectConnection, UNIXConnectionDetails } from 'ssh2';
-import { dialAddress, type HostAliases } from './host-aliases.js';
+import { type EndpointDialer, EndpointRefusedError } from './endpoint-dial.js';
 import { SessionError } from './session-error.js';
 
 /** One socket on the node and the one endpoint it may reach (DESIGN §4.7). */
@@ -19,8 +19,8 @@ export interface ForwardStats {
 }
 
 export interface ForwardOptions {
-  /** `Backhaul.HostAliases`: looked up before an endpoint's name goes to the resolver. */
-  hostAliases?: HostAliases;
+  /** Dials the endpoints, checking each connection against the endpoint policy. */
+  dialer: EndpointDialer;
   connectTimeoutMs?: number;
 }
 
@@ -46,7 +46,7 @@ export class ReverseForwards {
     targets: readonly ForwardTarget[],
     private readonly serverMessages: readonly string[],
     private readonly log: ForwardLog,
-    private readonly options: ForwardOptions = {},
+    private readonly options: ForwardOptions,
   ) {
     this.byPath = new Map(targets.map((t) => [t.socketPath, t]));
     client.on('unix connection', this.onConnection);
@@ -108,12 +108,15 @@ export class ReverseForwards {
       reject();
       return;
     }
-    const host = dialAddress(target.dialHost, this.options.hostAliases);
-    const socket = connect({ host, port: target.port, allowHalfOpen: true, noDelay: true });
+    const socket = this.options.dialer.dial(target.dialHost, target.port);
     socket.setTimeout(this.options.connectTimeoutMs ?? 10_000);
     const fail = (err: Error) => {
       this.stats.refused += 1;
-      this.log.warn('endpoint unreachable', { endpoint: `${target.dialHost}:${target.port}`, error: err.message });
+      const refused = err instanceof EndpointRefusedError;
+      this.log.warn(refused ? 'endpoint refused by the endpoint policy' : 'endpoint unreachable', {
+        endpoint: `${target.dialHost}:${target.port}`,
+        error: err.message,
+      });
       socket.destroy();
       reject();
     };

@@ -12,7 +12,7 @@ import {
 import type { SessionPlan } from '../render/session-plan.js';
 import type { SlurmJob } from '../site/slurm-job.js';
 import { type Carrier, type CarrierSite, openCarrier } from './carrier.js';
-import type { HostAliases } from './host-aliases.js';
+import { type DialRules, EndpointDialer } from './endpoint-dial.js';
 import type { LoginHopLease, LoginHops } from './login-hop.js';
 import { execCapture, openExec } from './remote-exec.js';
 import { type ForwardLog, type ForwardStats, ReverseForwards } from './reverse-forwards.js';
@@ -48,8 +48,8 @@ export interface ShadowSessionOptions {
   socketCheckMs?: number;
   /** How long a just-started job gets to run its prelude (make the socket dir). */
   preludeWaitMs?: number;
-  /** `Backhaul.HostAliases`: endpoint names dialed by address. */
-  hostAliases?: HostAliases;
+  /** How endpoints are dialled: host aliases and the endpoint policy, checked on every connection. */
+  dialRules: DialRules;
   /**
    * Whether this session still holds its pod's lease, asked right before anything is bound on the
    * node: a session that lost it (a stale host, woken after another took over) must not take the
@@ -187,7 +187,7 @@ export class ShadowSession {
       plan.forwards.map((f) => ({ socketPath: f.socketPath, dialHost: f.dialHost, port: f.port })),
       serverMessages,
       this.opts.log,
-      { hostAliases: this.opts.hostAliases ?? {} },
+      { dialer: this.dialer() },
     );
     this.forwardStats = this.forwards.stats;
     await this.checkFence();
@@ -203,7 +203,7 @@ export class ShadowSession {
         pod: `${plan.namespace}/${plan.name}`,
         port: plan.socks,
       });
-      this.socks = new SocksForward(client, plan.socks, serverMessages, this.opts.log, this.opts.hostAliases);
+      this.socks = new SocksForward(client, plan.socks, serverMessages, this.opts.log, this.dialer());
       await this.socks.establish();
       await this.checkpoint();
     }
@@ -226,6 +226,11 @@ export class ShadowSession {
     if (now && (now.phase === 'ended' || now.phase === 'ending')) return { type: 'JOB_ENDED', state: now.state };
     if (outcome.lost !== undefined) return { type: 'CARRIER_LOST', reason: outcome.lost };
     return { type: 'SOCKETS_VANISHED' };
+  }
+
+  /** The pod's endpoints are dialled as a pod of its namespace. */
+  private dialer(): EndpointDialer {
+    return new EndpointDialer(this.opts.dialRules, this.opts.plan.namespace);
   }
 
   private async jobNow(): Promise<SlurmJob | undefined> {

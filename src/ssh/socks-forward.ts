@@ -1,8 +1,7 @@
-import { connect } from 'node:net';
 import { pipeline } from 'node:stream';
 import { createServer, type Socks5Server } from '@pondwader/socks5-server';
 import type { AcceptConnection, Client, RejectConnection, TcpConnectionDetails } from 'ssh2';
-import { dialAddress, type HostAliases } from './host-aliases.js';
+import { type EndpointDialer, EndpointRefusedError } from './endpoint-dial.js';
 import type { ForwardLog } from './reverse-forwards.js';
 import { SessionError } from './session-error.js';
 
@@ -24,15 +23,18 @@ export class SocksForward {
     private readonly port: number,
     private readonly serverMessages: readonly string[],
     log: ForwardLog,
-    hostAliases: HostAliases = {},
+    dialer: EndpointDialer,
   ) {
     this.server = createServer();
     this.server.setConnectionHandler((conn, sendStatus) => {
-      const host = dialAddress(conn.destAddress, hostAliases);
-      const target = connect({ host, port: conn.destPort, allowHalfOpen: true, noDelay: true });
+      const target = dialer.dialSocks(conn.destAddress, conn.destPort);
       target.once('error', (err) => {
-        log.warn('socks target unreachable', { target: `${conn.destAddress}:${conn.destPort}`, error: err.message });
-        sendStatus('HOST_UNREACHABLE');
+        const refused = err instanceof EndpointRefusedError;
+        log.warn(refused ? 'socks target refused by the endpoint policy' : 'socks target unreachable', {
+          target: `${conn.destAddress}:${conn.destPort}`,
+          error: err.message,
+        });
+        sendStatus(refused ? 'CONNECTION_NOT_ALLOWED' : 'HOST_UNREACHABLE');
         conn.socket.destroy();
       });
       target.once('connect', () => {

@@ -1,7 +1,7 @@
 import type { SessionPlan } from '../render/session-plan.js';
 import type { SlurmJob } from '../site/slurm-job.js';
 import type { CarrierSite } from './carrier.js';
-import type { HostAliases } from './host-aliases.js';
+import type { DialRules } from './endpoint-dial.js';
 import type { RunOptions } from './login-hop.js';
 import type { ExecResult } from './remote-exec.js';
 import type { ShadowEnd, ShadowPhase } from './shadow-session.js';
@@ -25,7 +25,7 @@ export interface ShadowStart {
   socketCheckMs?: number;
   jobPollMs?: number;
   preludeWaitMs?: number;
-  hostAliases?: HostAliases;
+  dialRules: DialRules;
 }
 
 /** The login hop's methods, as calls from a thread to the session host. */

@@ -96,7 +96,7 @@ class TunnelThread {
     });
     const held: Held = { opts, ended, end: (e) => end(e), closing: undefined, done: false };
     this.held.set(id, held);
-    const { plan, site, nodeWaitTimeoutMs, socketCheckMs, jobPollMs, preludeWaitMs, hostAliases } = opts;
+    const { plan, site, nodeWaitTimeoutMs, socketCheckMs, jobPollMs, preludeWaitMs, dialRules } = opts;
     let started = false;
     return {
       run: () => {
@@ -113,7 +113,7 @@ class TunnelThread {
               ...(socketCheckMs !== undefined ? { socketCheckMs } : {}),
               ...(jobPollMs !== undefined ? { jobPollMs } : {}),
               ...(preludeWaitMs !== undefined ? { preludeWaitMs } : {}),
-              ...(hostAliases !== undefined ? { hostAliases } : {}),
+              dialRules,
             },
           });
         }

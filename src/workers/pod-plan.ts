@@ -1,17 +1,13 @@
 import type { PodContext } from '../machines/pod-machine.js';
 import { renderSessionPlan, type SessionPlan } from '../render/session-plan.js';
 import { ANNOTATION } from '../spec/annotations.js';
-import { parseReverseRequest, type ReverseRequest } from '../spec/reverse-request.js';
+import { parseReverseRequest, type ReverseRequest, requestContext } from '../spec/reverse-request.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { SpecError } from '../spec/spec-error.js';
 
 /** The pod's request, validated against the site (throws SpecError for bad input). */
 export function requestOf(context: PodContext, config: SiteConfig): ReverseRequest {
-  const request = parseReverseRequest(context.annotations, {
-    reverse: config.Network.SSH.Reverse,
-    podNamespace: context.namespace,
-    clusterDomain: config.Backhaul.ClusterDomain,
-  });
+  const request = parseReverseRequest(context.annotations, requestContext(config, context.namespace));
   if (!request) {
     // Bad input, not a transient error: running the step again cannot add the annotation.
     throw new SpecError(

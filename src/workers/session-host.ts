@@ -4,6 +4,7 @@ import type { Redis } from 'ioredis';
 import type { PodEvent } from '../machines/pod-machine.js';
 import { reportTunnelLoads, sessionEnds, shadowsHeld, sshCrypto } from '../metrics/fleet-metrics.js';
 import { sshCryptoPath } from '../ssh/crypto-path.js';
+import { dialRulesOf } from '../ssh/endpoint-dial.js';
 import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
 import { ShadowSession, type ShadowSessionOptions } from '../ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../ssh/site-access.js';
@@ -195,7 +196,7 @@ export class SessionHost {
       site: this.access.carrier,
       nodeWaitTimeoutMs: deps.config.Network.SSH.NodeWaitTimeout,
       socketCheckMs: deps.config.Backhaul.SocketCheckInterval,
-      hostAliases: deps.config.Backhaul.HostAliases,
+      dialRules: dialRulesOf(deps.config),
       log: {
         warn: (message, detail) => log.warn(detail ?? {}, message),
         info: (message, detail) => log.info(detail ?? {}, message),

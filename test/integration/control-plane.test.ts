@@ -3,6 +3,7 @@ import type { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/log.js';
 import type { PodAction, PodEvent } from '../../src/machines/pod-machine.js';
+import { LOOPBACK_ENDPOINT_POLICY } from '../../src/sandbox/loopback-site.js';
 import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
 import { runEffects } from '../../src/workers/effects.js';
 import type { RunningFleet } from '../../src/workers/fleet.js';
@@ -44,6 +45,7 @@ function siteConfig(site: LoopbackSite, redisUrl: string): SiteConfig {
       },
     },
     Backhaul: {
+      EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
       Redis: { URL: redisUrl },
       KeepaliveInterval: '1s',
       SocketCheckInterval: '1s',

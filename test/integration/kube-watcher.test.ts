@@ -321,7 +321,11 @@ describe('the watch role in the fleet', () => {
               Reverse: { Enabled: true },
             },
           },
-          Backhaul: { Kubernetes: { Kubeconfig: kube.kubeconfigFile, VirtualNodes: [VIRTUAL_NODE] } },
+          Backhaul: {
+            // The pod reaches minio.storage from its own namespace: allowed by name here.
+            EndpointPolicy: { Allow: { Namespaces: ['storage'] } },
+            Kubernetes: { Kubeconfig: kube.kubeconfigFile, VirtualNodes: [VIRTUAL_NODE] },
+          },
         }),
       );
       kube.api.createPod(reversePod('cli-pod'));

@@ -33,8 +33,12 @@ async function nameServer(name: string): Promise<{ server: Server; port: number 
 const servers: Server[] = [];
 const harnesses: Harness[] = [];
 
-async function site(forwarding: 'allowed' | 'refused', reverse: Record<string, unknown> = {}): Promise<Harness> {
-  const h = await harness(forwarding, reverse);
+async function site(
+  forwarding: 'allowed' | 'refused',
+  reverse: Record<string, unknown> = {},
+  backhaul: Record<string, unknown> = {},
+): Promise<Harness> {
+  const h = await harness(forwarding, reverse, {}, backhaul);
   harnesses.push(h);
   return h;
 }
@@ -221,6 +225,55 @@ PYEOF
     await waitForState(jobId, ['COMPLETED'], 60_000);
     expect(await readFile(out, 'utf8')).toContain('socks through socks');
     expect(warnings.join('\n')).toContain('SOCKS listener on the batch host is open to every user');
+    await session.close('done');
+  }, 90_000);
+  it('the endpoint policy at dial time: a name that resolves to loopback, SOCKS to loopback or the fleet namespace: refused, nothing dialled', async () => {
+    // The default policy (own namespace and the API; loopback never), and minio.user resolving to
+    // 127.0.0.1, as a hostile DNS answer or ExternalName Service would.
+    const strict = await site(
+      'allowed',
+      { AllowSocks: true },
+      { EndpointPolicy: {}, HostAliases: { 'minio.user.svc.cluster.local': '127.0.0.1' } },
+    );
+    let dialled = 0;
+    const target = await nameServer('fleet-loopback');
+    target.server.on('connection', () => {
+      dialled += 1;
+    });
+    servers.push(target.server);
+    const podUid = uid();
+    const socksPort = 20000 + (randomBytes(2).readUInt16BE(0) % 20000);
+    // `minio` passes the names check (a Service of the pod's namespace).
+    const plan = planFor(strict, podUid, `15109:minio:${target.port}`, {
+      'interlink.eu/reverse-socks-port': String(socksPort),
+    });
+    const out = join(strict.workdir, `${podUid}.out`);
+    const client = `${PYTHON} - <<'PYEOF'
+import os, socket, struct
+s = socket.create_connection((os.environ['BACKHAUL_BIND_ADDRESS'], 15109), timeout=30)
+print('forward', repr(s.recv(100)))
+def socks(atyp, addr, port):
+    s = socket.create_connection(('127.0.0.1', ${socksPort}), timeout=30)
+    s.sendall(b'\\x05\\x01\\x00')
+    assert s.recv(2) == b'\\x05\\x00'
+    s.sendall(b'\\x05\\x01\\x00' + atyp + addr + struct.pack('>H', port))
+    return s.recv(10)[1]
+print('socks-ip', socks(b'\\x01', socket.inet_aton('127.0.0.1'), ${target.port}))
+name = b'backhaul-redis.backhaul.svc.cluster.local'
+print('socks-name', socks(b'\\x03', bytes([len(name)]) + name, 6379))
+print('socks-metadata', socks(b'\\x01', socket.inet_aton('169.254.169.254'), 80))
+PYEOF
+`;
+    const jobId = await sbatch(strict.site.user, jobScript(strict, plan, client), { jobName: podUid, output: out });
+    const { session, warnings } = startSession(strict, plan);
+    await waitForState(jobId, ['COMPLETED', 'FAILED'], 60_000);
+    const text = await readFile(out, 'utf8');
+    // The job's connection closed at once (nothing reached), SOCKS answered 2: not allowed by ruleset.
+    expect(text, text).toContain("forward b''");
+    expect(text, text).toContain('socks-ip 2\nsocks-name 2\nsocks-metadata 2\n');
+    expect(dialled).toBe(0);
+    expect(warnings).toContain('endpoint refused by the endpoint policy');
+    expect(warnings).toContain('socks target refused by the endpoint policy');
     await session.close('done');
   }, 90_000);
 });

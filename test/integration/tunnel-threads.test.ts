@@ -2,6 +2,7 @@ import { readFile, rm, stat } from 'node:fs/promises';
 import type { Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { dialRulesOf } from '../../src/ssh/endpoint-dial.js';
 import type { ShadowEnd, ShadowPhase } from '../../src/ssh/shadow-session.js';
 import { TunnelThreads } from '../../src/ssh/tunnel-threads.js';
 import {
@@ -70,6 +71,7 @@ describe.each([
       nodeWaitTimeoutMs: 60_000,
       jobPollMs: 200,
       socketCheckMs: 1_000,
+      dialRules: dialRulesOf(h.config),
     });
     const ended: Promise<ShadowEnd> = shadow.run();
     return { shadow, phases, warnings, ended };

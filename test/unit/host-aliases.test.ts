@@ -5,6 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { parseSiteConfig } from '../../src/spec/site-config.js';
 import { dialAddress } from '../../src/ssh/host-aliases.js';
 import { ReverseForwards } from '../../src/ssh/reverse-forwards.js';
+import { loopbackDialer } from '../fixtures/dial-rules.js';
 
 const SITE = { Network: { SSH: { LoginHost: 'login', User: 'u', KeyFile: '/k', KnownHostsFile: '/kh' } } };
 
@@ -51,9 +52,7 @@ describe('Backhaul.HostAliases', () => {
       [target],
       [],
       { warn: () => undefined },
-      {
-        hostAliases: { 'minio.demo.svc.cluster.local': '127.0.0.1' },
-      },
+      { dialer: loopbackDialer('demo', { 'minio.demo.svc.cluster.local': '127.0.0.1' }) },
     );
     const outcome = await new Promise<string>((resolve) =>
       client.emit(

@@ -33,6 +33,40 @@ function refusal(annotations: Record<string, string>, site = SITE, mode: 'mutate
   return response.status?.message ?? '';
 }
 
+describe("admission: the site's endpoint policy (hostile pods refused at apply)", () => {
+  const DEFAULT_POLICY = siteWith({ AllowSocks: true }, {});
+  it.each([
+    [
+      "the fleet's Redis",
+      'backhaul-redis.backhaul.svc.cluster.local:6379',
+      "Service backhaul-redis.backhaul is in the fleet's own namespace",
+    ],
+    ["the fleet's loopback", '8081:127.0.0.1:8081', '127.0.0.1 is loopback (the fleet itself)'],
+    ['cloud metadata', '8080:169.254.169.254:80', '169.254.169.254 is link-local (cloud metadata)'],
+    [
+      'another tenant',
+      'postgres.tenant-b.svc:5432',
+      "Service postgres.tenant-b is in namespace tenant-b, not the pod's",
+    ],
+  ])('%s: refused in both modes, the entry and the rule named', (_what, entry, why) => {
+    for (const mode of ['mutate', 'validate'] as const) {
+      const message = refusal({ [FWD]: entry }, DEFAULT_POLICY, mode);
+      expect(message).toContain(`entry ${JSON.stringify(entry)}`);
+      expect(message).toContain(`endpoint not allowed: ${why}`);
+      expect(message).toContain('Backhaul.EndpointPolicy');
+    }
+  });
+
+  it('its own namespace and the Kubernetes API are admitted by default', () => {
+    const ns = podReview(undefined).request.namespace ?? 'default';
+    const { response } = mutate(
+      { [FWD]: `minio.${ns}.svc:9000 6443:kubernetes.default.svc.cluster.local:443` },
+      DEFAULT_POLICY,
+    );
+    expect(response.allowed).toBe(true);
+  });
+});
+
 describe('admission: the answer document', () => {
   it('echoes the request uid in an AdmissionReview v1 response', () => {
     const review = podReview(undefined, { uid: 'r-1' });

@@ -1,6 +1,6 @@
 import { ANNOTATION } from '../../src/spec/annotations.js';
 import type { CarrierMode } from '../../src/spec/carrier-mode.js';
-import { parseReverseRequest, type ReverseRequest } from '../../src/spec/reverse-request.js';
+import { parseReverseRequest, type ReverseRequest, requestContext } from '../../src/spec/reverse-request.js';
 import type { SiteConfig } from '../../src/spec/site-config.js';
 import { siteWith } from './spec-fixtures.js';
 
@@ -39,11 +39,7 @@ export function requestFor(
   const site = siteWith({ AllowSocks: true, ...modeSettings(mode), ...reverse });
   const annotations: Record<string, string> = { [ANNOTATION.forwards]: forwards };
   if (socksPort !== undefined) annotations[ANNOTATION.socksPort] = String(socksPort);
-  const request = parseReverseRequest(annotations, {
-    reverse: site.Network.SSH.Reverse,
-    podNamespace: 'user',
-    clusterDomain: site.Backhaul.ClusterDomain,
-  });
+  const request = parseReverseRequest(annotations, requestContext(site, 'user'));
   if (!request) throw new Error('no request');
   return { site, request };
 }

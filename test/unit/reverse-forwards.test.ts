@@ -2,6 +2,7 @@ import { createServer } from 'node:net';
 import { Client } from 'ssh2';
 import { describe, expect, it } from 'vitest';
 import { ReverseForwards } from '../../src/ssh/reverse-forwards.js';
+import { loopbackDialer } from '../fixtures/dial-rules.js';
 
 describe('ReverseForwards', () => {
   it('rejects a connection for a socket path it did not declare, without dialing anything', async () => {
@@ -18,9 +19,8 @@ describe('ReverseForwards', () => {
       client,
       [{ socketPath: '/tmp/bh-x/9000.sock', dialHost: '127.0.0.1', port }],
       [],
-      {
-        warn: () => undefined,
-      },
+      { warn: () => undefined },
+      { dialer: loopbackDialer() },
     );
     let rejected = 0;
     let accepted = 0;
@@ -48,9 +48,13 @@ describe('ReverseForwards', () => {
     await new Promise<void>((resolve) => server.close(() => resolve()));
     const client = new Client();
     const warnings: string[] = [];
-    new ReverseForwards(client, [{ socketPath: '/s', dialHost: '127.0.0.1', port }], [], {
-      warn: (m) => warnings.push(m),
-    });
+    new ReverseForwards(
+      client,
+      [{ socketPath: '/s', dialHost: '127.0.0.1', port }],
+      [],
+      { warn: (m) => warnings.push(m) },
+      { dialer: loopbackDialer() },
+    );
     const outcome = await new Promise<string>((resolve) =>
       client.emit(
         'unix connection',

@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { validateBatchHost } from '../../src/render/carrier-command.js';
 import { currentJob, jobPhase, parseSqueue, squeueCommand } from '../../src/site/slurm-job.js';
 
 describe('squeue parsing', () => {
@@ -21,7 +22,7 @@ describe('squeue parsing', () => {
 
   it('reads id, state, batch host and name, and ignores junk lines', () => {
     const jobs = parseSqueue(
-      '12|R|bhnode1|a\n13|PD|n/a|b\nwarning: something\n14_3|R|cn042.cluster|c|d\n15|R|$(id)|e\n',
+      '12|R|bhnode1|a\n13|PD|n/a|b\nwarning: something\n14_3|R|cn042.cluster|c|d\n15|R|$(id)|e\n16|R|gpu_node-07|f\n',
     );
     expect(jobs).toEqual([
       { jobId: '12', name: 'a', state: 'R', phase: 'running', batchHost: 'bhnode1' },
@@ -29,7 +30,10 @@ describe('squeue parsing', () => {
       // The name is the last field: a separator in it stays part of it.
       { jobId: '14_3', name: 'c|d', state: 'R', phase: 'running', batchHost: 'cn042.cluster' },
       { jobId: '15', name: 'e', state: 'R', phase: 'running', batchHost: undefined },
+      // Slurm node names may hold "_": the carrier dials them (validateBatchHost), so squeue must read them.
+      { jobId: '16', name: 'f', state: 'R', phase: 'running', batchHost: 'gpu_node-07' },
     ]);
+    expect(validateBatchHost('gpu_node-07')).toBe('gpu_node-07');
   });
 
   it('picks the newest live job of the pod, else the newest', () => {

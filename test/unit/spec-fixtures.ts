@@ -1,8 +1,16 @@
-import type { RequestContext } from '../../src/spec/reverse-request.js';
+import { type RequestContext, requestContext } from '../../src/spec/reverse-request.js';
 import { parseSiteConfig, type ReverseConfig, type SiteConfig } from '../../src/spec/site-config.js';
 
+/**
+ * An endpoint policy that admits every endpoint it can: the grammar tests are about the grammar
+ * (the policy has its own, test/unit/endpoint-policy.test.ts).
+ */
+export const ANY_ENDPOINT = {
+  Allow: { Namespaces: ['*'], Hosts: ['*'], CIDRs: ['0.0.0.0/0', '127.0.0.0/8', '169.254.0.0/16', '0.0.0.0/8'] },
+};
+
 /** A valid site configuration with the Reverse section overridden. */
-export function siteWith(reverse: Record<string, unknown> = {}): SiteConfig {
+export function siteWith(reverse: Record<string, unknown> = {}, endpointPolicy: unknown = ANY_ENDPOINT): SiteConfig {
   return parseSiteConfig({
     Network: {
       SSH: {
@@ -13,10 +21,15 @@ export function siteWith(reverse: Record<string, unknown> = {}): SiteConfig {
         Reverse: { Enabled: true, ...reverse },
       },
     },
+    Backhaul: { EndpointPolicy: endpointPolicy },
   });
 }
 
-export function contextWith(reverse: Partial<ReverseConfig> = {}, podNamespace = 'user'): RequestContext {
-  const site = siteWith(reverse);
-  return { reverse: site.Network.SSH.Reverse, podNamespace, clusterDomain: site.Backhaul.ClusterDomain };
+export function contextWith(
+  reverse: Partial<ReverseConfig> = {},
+  podNamespace = 'user',
+  endpointPolicy: unknown = ANY_ENDPOINT,
+): RequestContext {
+  const site = siteWith(reverse, endpointPolicy);
+  return requestContext(site, podNamespace);
 }

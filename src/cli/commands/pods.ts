@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Command } from 'commander';
 import { type PodEvent, type PodStateName, restorePod, stateOf } from '../../machines/pod-machine.js';
-import { parseReverseRequest } from '../../spec/reverse-request.js';
+import { parseReverseRequest, requestContext } from '../../spec/reverse-request.js';
 import type { FleetDeps } from '../../workers/fleet-deps.js';
 import { sendEvent } from '../../workers/queues.js';
 import { CliError, EXIT } from '../exit-codes.js';
@@ -72,11 +72,7 @@ export function registerPodCommands(program: Command): void {
     await withFleet(opts, async (deps) => {
       // Refuse bad input here, with the field named, before anything is stored.
       const request = fromFile(podFile, () =>
-        parseReverseRequest(pod.annotations, {
-          reverse: deps.config.Network.SSH.Reverse,
-          podNamespace: pod.namespace,
-          clusterDomain: deps.config.Backhaul.ClusterDomain,
-        }),
+        parseReverseRequest(pod.annotations, requestContext(deps.config, pod.namespace)),
       );
       if (!request) throw new CliError(`${podFile}: the pod has no interlink.eu/reverse-* annotations`, EXIT.usage);
       const uid = pod.uid ?? randomUUID();

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { renderPrelude } from '../../render/prelude.js';
 import { renderSessionPlan } from '../../render/session-plan.js';
 import type { PodRef } from '../../spec/pod.js';
-import { parseReverseRequest, type ReverseRequest } from '../../spec/reverse-request.js';
+import { parseReverseRequest, type ReverseRequest, requestContext } from '../../spec/reverse-request.js';
 import type { SiteConfig } from '../../spec/site-config.js';
 import { CliError, EXIT } from '../exit-codes.js';
 import { type ConfigOption, fromFile, loadPod, loadSiteConfig } from '../inputs.js';
@@ -13,13 +13,7 @@ async function loadRequest(
 ): Promise<{ pod: PodRef; site: SiteConfig; request: ReverseRequest }> {
   const site = await loadSiteConfig(opts);
   const pod = await loadPod(podFile);
-  const request = fromFile(podFile, () =>
-    parseReverseRequest(pod.annotations, {
-      reverse: site.Network.SSH.Reverse,
-      podNamespace: pod.namespace,
-      clusterDomain: site.Backhaul.ClusterDomain,
-    }),
-  );
+  const request = fromFile(podFile, () => parseReverseRequest(pod.annotations, requestContext(site, pod.namespace)));
   if (!request) {
     throw new CliError(`${podFile}: the pod has no interlink.eu/reverse-* annotations: nothing to render`, EXIT.usage);
   }
