@@ -84,6 +84,51 @@ describe('deploy/: every manifest loads with the client library', () => {
     }
   });
 
+  it("limits the fleet's egress: DNS, its Redis, other namespaces' pods, the login node's SSH and the API; never its own namespace at large nor metadata", () => {
+    interface Peer {
+      ipBlock?: { cidr: string; except?: string[] };
+      namespaceSelector?: {
+        matchLabels?: Record<string, string>;
+        matchExpressions?: { key: string; operator: string; values?: string[] }[];
+      };
+      podSelector?: { matchLabels?: Record<string, string> };
+    }
+    const policy = find<{
+      spec: {
+        podSelector: { matchLabels: Record<string, string> };
+        policyTypes: string[];
+        egress: { to: Peer[]; ports?: { port: number; protocol: string }[] }[];
+      };
+    }>('NetworkPolicy', 'backhaul-fleet-egress');
+    expect(policy.spec.podSelector.matchLabels).toEqual({
+      'app.kubernetes.io/name': 'backhaul',
+      'app.kubernetes.io/component': 'fleet',
+    });
+    expect(policy.spec.policyTypes).toEqual(['Egress']);
+    const peers = policy.spec.egress.flatMap((rule) => rule.to.map((peer) => ({ peer, ports: rule.ports })));
+    for (const { peer, ports } of peers) {
+      if (peer.ipBlock) {
+        // Addresses only with a port, and never a range that holds link-local (metadata) or loopback.
+        expect(ports?.length, JSON.stringify(peer)).toBeGreaterThan(0);
+        expect(peer.ipBlock.cidr.endsWith('/32'), peer.ipBlock.cidr).toBe(true);
+        expect(peer.ipBlock.cidr.startsWith('169.254.') || peer.ipBlock.cidr.startsWith('127.')).toBe(false);
+      } else if (!peer.namespaceSelector) {
+        // A bare podSelector is this namespace: only the Redis, on its port.
+        expect(peer.podSelector?.matchLabels?.['app.kubernetes.io/component']).toBe('redis');
+        expect(ports).toEqual([{ port: 6379, protocol: 'TCP' }]);
+      } else if (peer.namespaceSelector.matchExpressions) {
+        expect(peer.namespaceSelector.matchExpressions).toEqual([
+          { key: 'kubernetes.io/metadata.name', operator: 'NotIn', values: ['backhaul'] },
+        ]);
+      } else {
+        expect(peer.namespaceSelector.matchLabels).toEqual({ 'kubernetes.io/metadata.name': 'kube-system' });
+        expect(ports?.map((p) => p.port)).toEqual([53, 53]);
+      }
+    }
+    const sshRule = policy.spec.egress.find((rule) => rule.ports?.some((p) => p.port === 22));
+    expect(sshRule?.to[0]?.ipBlock).toBeDefined();
+  });
+
   it('puts every namespaced object in the backhaul namespace', () => {
     const clusterScoped = new Set([
       'Namespace',
