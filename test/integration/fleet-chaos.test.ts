@@ -3,44 +3,13 @@ import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { FleetDeps } from '../../src/workers/fleet-deps.js';
 import { jobIds, sendEvent } from '../../src/workers/queues.js';
+import { firstOkAfter, prober } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
-import { type Harness, jobScript, PYTHON, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
+import { type Harness, jobScript, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, sbatch } from '../fixtures/slurm.js';
 import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 const DB = 4;
-
-/**
- * A client inside the job that tries the forward every 200 ms and writes one line per try
- * (`ok <ms>` or `fail <ms>`), so the test can tell when the job got through again.
- */
-function prober(port: number): string {
-  return `${PYTHON} - <<'PYEOF'
-import os, socket, sys, time
-addr = os.environ['BACKHAUL_BIND_ADDRESS']
-while True:
-    t = int(time.time() * 1000)
-    try:
-        s = socket.create_connection((addr, ${port}), timeout=2)
-        s.sendall(b'ping')
-        s.shutdown(socket.SHUT_WR)
-        data = s.recv(16)
-        s.close()
-        print(('ok' if data == b'ping' else 'fail'), t, flush=True)
-    except Exception:
-        print('fail', t, flush=True)
-    time.sleep(0.2)
-PYEOF
-`;
-}
-
-function firstOkAfter(text: string, since: number): number | undefined {
-  for (const line of text.split('\n')) {
-    const [word, ms] = line.split(' ');
-    if (word === 'ok' && Number(ms) > since) return Number(ms);
-  }
-  return undefined;
-}
 
 describe('the fleet survives its members dying', () => {
   let site: ProcessFleetSite;

@@ -5,7 +5,15 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { sendEvent } from '../../src/workers/queues.js';
-import { oksAfter, prober, signalAll, timeline } from '../fixtures/fault-probes.js';
+import {
+  allActive,
+  timelines as allTimelines,
+  failsAfter,
+  oksAfter,
+  prober,
+  signalAll,
+  timeline,
+} from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { echoServer, exists, planFor, uid, userProcesses, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, jobState, scancel, scontrol } from '../fixtures/slurm.js';
@@ -47,6 +55,16 @@ async function fleetSite(
   return site;
 }
 
+/** A control worker and a session host, as `backhaul worker` processes, started and killed after the test. */
+async function startControlAndHost(configPath: string, hostId: string) {
+  if (!redis) throw new Error('no redis');
+  const control = startWorker(configPath, redis.url, 'control', 'control-1');
+  const host = startWorker(configPath, redis.url, 'session', hostId);
+  workers.push(control, host);
+  await Promise.all([workerStarted(control), workerStarted(host)]);
+  return { control, host };
+}
+
 describe.each([
   ['0 (OpenSSH default: a stopped client is never dropped)', ['ClientAliveInterval 0']],
   ['2', []],
@@ -54,11 +72,7 @@ describe.each([
   it('leaves its successor the sockets: the pod stays active and its job keeps getting through', async () => {
     const site = await fleetSite({ nodeExtra });
     const { h, deps, echo, configPath } = site;
-    if (!redis) throw new Error('no redis');
-    const control = startWorker(configPath, redis.url, 'control', 'control-1');
-    const stale = startWorker(configPath, redis.url, 'session', 'host-stale');
-    workers.push(control, stale);
-    await Promise.all([workerStarted(control), workerStarted(stale)]);
+    const { host: stale } = await startControlAndHost(configPath, 'host-stale');
 
     const podUid = uid();
     const out = join(h.workdir, `${podUid}.out`);
@@ -76,6 +90,7 @@ describe.each([
       oksAfter(await readFile(out, 'utf8').catch(() => ''), 0) > 0 ? true : undefined,
     );
 
+    if (!redis) throw new Error('no redis');
     const successor = startWorker(configPath, redis.url, 'session', 'host-successor');
     workers.push(successor);
     await workerStarted(successor);
@@ -111,11 +126,7 @@ describe('a pod deleted during its setup', () => {
   it('50 pods deleted 0.5–10 s after they were submitted, in every setup state: no forward after, no socket left', async () => {
     const site = await fleetSite();
     const { h, deps, echo, configPath } = site;
-    if (!redis) throw new Error('no redis');
-    const control = startWorker(configPath, redis.url, 'control', 'control-1');
-    const host = startWorker(configPath, redis.url, 'session', 'host-1');
-    workers.push(control, host);
-    await Promise.all([workerStarted(control), workerStarted(host)]);
+    await startControlAndHost(configPath, 'host-1');
 
     const pods = Array.from({ length: 50 }, (_, i) => ({ uid: uid(), port: 16000 + i, delayMs: 500 + i * 200 }));
     const jobIds = await Promise.all(
@@ -168,11 +179,7 @@ describe('a pod deleted while its carrier is half open', () => {
   it('the carrier that completes after the delete is closed: nothing bound, no socket, sshd or lease left', async () => {
     const site = await fleetSite();
     const { h, deps, echo, configPath } = site;
-    if (!redis) throw new Error('no redis');
-    const control = startWorker(configPath, redis.url, 'control', 'control-1');
-    const host = startWorker(configPath, redis.url, 'session', 'host-1');
-    workers.push(control, host);
-    await Promise.all([workerStarted(control), workerStarted(host)]);
+    const { host } = await startControlAndHost(configPath, 'host-1');
     const podUid = uid();
     const port = 16500;
     const forwards = `${port}:127.0.0.1:${echo.port}`;
@@ -222,11 +229,7 @@ describe('a job cancelled (scancel) under its pod', () => {
   it('in every state, held or running, at setup or active: every pod torn down and forgotten, nothing left', async () => {
     const site = await fleetSite();
     const { h, deps, echo, configPath } = site;
-    if (!redis) throw new Error('no redis');
-    const control = startWorker(configPath, redis.url, 'control', 'control-1');
-    const host = startWorker(configPath, redis.url, 'session', 'host-1');
-    workers.push(control, host);
-    await Promise.all([workerStarted(control), workerStarted(host)]);
+    const { host } = await startControlAndHost(configPath, 'host-1');
 
     // 24 jobs cancelled 0.3–9.5 s after submission, every fourth held (pending until cancelled).
     const pods = Array.from({ length: 24 }, (_, i) => ({
@@ -264,8 +267,11 @@ describe('a job cancelled (scancel) under its pod', () => {
     expect(statesAtCancel).toContain('active');
     expect(statesAtCancel.some((s) => s.startsWith('held ') && s !== 'held none')).toBe(true);
 
-    const timelines = async () =>
-      (await Promise.all(pods.map(async (p) => `${p.uid}: ${await timeline(deps, p.uid)}`))).join('\n');
+    const timelines = () =>
+      allTimelines(
+        deps,
+        pods.map((p) => p.uid),
+      );
     await waitFor(
       'every pod torn down and forgotten',
       async () =>
@@ -298,11 +304,7 @@ describe('an endpoint in the cluster down, then up', () => {
   it('connections fail while it is down and work again once it is back, with the same session: no relaunch, nothing left', async () => {
     const site = await fleetSite();
     const { h, deps, configPath } = site;
-    if (!redis) throw new Error('no redis');
-    const control = startWorker(configPath, redis.url, 'control', 'control-1');
-    const host = startWorker(configPath, redis.url, 'session', 'host-1');
-    workers.push(control, host);
-    await Promise.all([workerStarted(control), workerStarted(host)]);
+    const { host } = await startControlAndHost(configPath, 'host-1');
 
     // The endpoint: an echo server that this test stops and starts again on its port.
     let endpoint = await echoServer();
@@ -333,9 +335,7 @@ describe('an endpoint in the cluster down, then up', () => {
       const downAt = Date.now();
       await sleep(8_000);
       const text = await readFile(out, 'utf8');
-      const failsWhileDown = text
-        .split('\n')
-        .filter((l) => l.startsWith('fail ') && Number(l.split(' ')[1]) > downAt + 500).length;
+      const failsWhileDown = failsAfter(text, downAt + 501);
       const oksWhileDown = oksAfter(text, downAt + 500);
       endpoint = await echoServer(endpointPort);
       const upAt = Date.now();
@@ -371,11 +371,7 @@ describe('outages of the site', () => {
     // processings end (their steps are bounded) and free their slots.
     const site = await fleetSite({}, { SessionCapacity: 6 });
     const { h, deps, echo, configPath } = site;
-    if (!redis) throw new Error('no redis');
-    const control = startWorker(configPath, redis.url, 'control', 'control-1');
-    const host = startWorker(configPath, redis.url, 'session', 'host-1');
-    workers.push(control, host);
-    await Promise.all([workerStarted(control), workerStarted(host)]);
+    const { host } = await startControlAndHost(configPath, 'host-1');
     const pods = Array.from({ length: 5 }, (_, i) => ({ uid: uid(), port: 16100 + i }));
     const outs = pods.map((p) => join(h.workdir, `${p.uid}.out`));
     const submit = (i: number) => {
@@ -384,13 +380,17 @@ describe('outages of the site', () => {
       return submitPod(site, p.uid, `node-stop-${i}`, `${p.port}:127.0.0.1:${echo.port}`, prober(p.port), outs[i]);
     };
     for (const i of [0, 1, 2]) await submit(i);
-    const activeOf = async (which: typeof pods) =>
-      (await Promise.all(which.map((p) => deps.store.load(p.uid)))).every((s) => s?.state === 'active')
-        ? true
-        : undefined;
+    const activeOf = (which: typeof pods) =>
+      allActive(
+        deps,
+        which.map((p) => p.uid),
+      );
     await waitFor('the first 3 pods active', () => activeOf(pods.slice(0, 3)), 90_000);
-    const timelines = async () =>
-      (await Promise.all(pods.map(async (p) => `${p.uid}: ${await timeline(deps, p.uid)}`))).join('\n');
+    const timelines = () =>
+      allTimelines(
+        deps,
+        pods.map((p) => p.uid),
+      );
 
     signalAll(h.site.node.processes(), 'SIGSTOP');
     const stoppedAt = Date.now();
@@ -439,21 +439,18 @@ describe('outages of the site', () => {
     // Three launches: the carrier lost spends one, and a 90 s outage fails each relaunch 3 times over.
     const site = await fleetSite({}, { RetryLimit: 3 });
     const { h, deps, echo, configPath } = site;
-    if (!redis) throw new Error('no redis');
-    const control = startWorker(configPath, redis.url, 'control', 'control-1');
-    const host = startWorker(configPath, redis.url, 'session', 'host-1');
-    workers.push(control, host);
-    await Promise.all([workerStarted(control), workerStarted(host)]);
+    const { host } = await startControlAndHost(configPath, 'host-1');
     const pods = Array.from({ length: 5 }, (_, i) => ({ uid: uid(), port: 16200 + i }));
     const outs = pods.map((p) => join(h.workdir, `${p.uid}.out`));
     for (const [i, p] of pods.entries()) {
       await submitPod(site, p.uid, `login-stop-${i}`, `${p.port}:127.0.0.1:${echo.port}`, prober(p.port), outs[i]);
     }
-    const allActive = async () =>
-      (await Promise.all(pods.map((p) => deps.store.load(p.uid)))).every((s) => s?.state === 'active')
-        ? true
-        : undefined;
-    await waitFor('the pods active', allActive, 90_000);
+    const isActive = () =>
+      allActive(
+        deps,
+        pods.map((p) => p.uid),
+      );
+    await waitFor('the pods active', isActive, 90_000);
 
     signalAll(h.site.login.processes(), 'SIGSTOP');
     const stoppedAt = Date.now();
@@ -463,13 +460,16 @@ describe('outages of the site', () => {
       signalAll(h.site.login.processes(), 'SIGCONT');
     }
     const continuedAt = Date.now();
-    const timelines = async () =>
-      (await Promise.all(pods.map(async (p) => `${p.uid}: ${await timeline(deps, p.uid)}`))).join('\n');
+    const timelines = () =>
+      allTimelines(
+        deps,
+        pods.map((p) => p.uid),
+      );
     const recovered = await waitFor(
       'every pod active and through again',
       async () => {
         const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8').catch(() => '')));
-        return texts.every((t) => oksAfter(t, continuedAt) > 0) && (await allActive()) ? Date.now() : undefined;
+        return texts.every((t) => oksAfter(t, continuedAt) > 0) && (await isActive()) ? Date.now() : undefined;
       },
       90_000,
     ).catch(async (err: Error) => {
@@ -489,11 +489,7 @@ describe('outages of the site', () => {
     // One launch: a failure that spent one would fail the pod at once.
     const site = await fleetSite({}, { RetryLimit: 1 });
     const { h, deps, echo, configPath } = site;
-    if (!redis) throw new Error('no redis');
-    const control = startWorker(configPath, redis.url, 'control', 'control-1');
-    const host = startWorker(configPath, redis.url, 'session', 'host-1');
-    workers.push(control, host);
-    await Promise.all([workerStarted(control), workerStarted(host)]);
+    const { host } = await startControlAndHost(configPath, 'host-1');
     const pods = Array.from({ length: 3 }, (_, i) => ({ uid: uid(), port: 16600 + i }));
     const outs = pods.map((p) => join(h.workdir, `${p.uid}.out`));
     // Pod 0 runs; pods 1 and 2 are held (pending) until after the outage.
@@ -531,8 +527,11 @@ describe('outages of the site', () => {
     }
     const continuedAt = Date.now();
     for (const jobId of jobIds.slice(1)) await scontrol(['release', jobId]);
-    const timelines = async () =>
-      (await Promise.all(pods.map(async (p) => `${p.uid}: ${await timeline(deps, p.uid)}`))).join('\n');
+    const timelines = () =>
+      allTimelines(
+        deps,
+        pods.map((p) => p.uid),
+      );
     const recovered = await waitFor(
       'every pod active and through',
       async () => {
@@ -554,9 +553,7 @@ describe('outages of the site', () => {
     expect(all).toContain('slurm-unreachable');
     // The active pod's session needs no slurmctld: nothing happened to it.
     expect(await timeline(deps, pods[0]?.uid ?? '')).toBe(activeBefore);
-    const failsDuring = (await readFile(outs[0] ?? '', 'utf8'))
-      .split('\n')
-      .filter((l) => l.startsWith('fail ') && Number(l.split(' ')[1]) >= stoppedAt).length;
+    const failsDuring = failsAfter(await readFile(outs[0] ?? '', 'utf8'), stoppedAt);
     expect(failsDuring).toBe(0);
     expect((await deps.leases.list()).leases).toHaveLength(pods.length);
   }, 300_000);

@@ -6,7 +6,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createRedis } from '../../src/store/redis.js';
 import type { FleetDeps } from '../../src/workers/fleet-deps.js';
 import { sendEvent } from '../../src/workers/queues.js';
-import { oksAfter, prober, timeline } from '../fixtures/fault-probes.js';
+import { allActive, failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { uid, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs } from '../fixtures/slurm.js';
@@ -161,9 +161,9 @@ describe('Redis restarts or hangs while pods are active', () => {
     for (const [i, p] of pods.entries()) {
       await submitPod(site, p.uid, `redis-stop-${i}`, `${p.port}:127.0.0.1:${site.echo.port}`, prober(p.port), outs[i]);
     }
-    const allActive = async () =>
-      (await Promise.all(pods.map((p) => state(p.uid)))).every((s) => s === 'active') ? true : undefined;
-    await waitFor('the pods active', allActive, 90_000);
+    const uids = pods.map((p) => p.uid);
+    const isActive = () => allActive(deps, uids);
+    await waitFor('the pods active', isActive, 90_000);
     const generations = async () =>
       Promise.all(
         pods.map(
@@ -182,33 +182,25 @@ describe('Redis restarts or hangs while pods are active', () => {
       redis.signal('SIGCONT');
     }
     const continuedAt = Date.now();
-    const timelines = async () =>
-      (await Promise.all(pods.map(async (p) => `${p.uid}: ${await timeline(deps, p.uid)}`))).join('\n');
     const recovered = await waitFor(
       'every pod active and through again',
       async () => {
         const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8').catch(() => '')));
-        return texts.every((t) => oksAfter(t, continuedAt) > 0) && (await allActive()) ? Date.now() : undefined;
+        return texts.every((t) => oksAfter(t, continuedAt) > 0) && (await isActive()) ? Date.now() : undefined;
       },
       90_000,
     ).catch(async (err: Error) => {
-      throw new Error(`${err.message}\n${await timelines()}\nhost log: ${host.log().slice(-3000)}`);
+      throw new Error(`${err.message}\n${await timelines(deps, uids)}\nhost log: ${host.log().slice(-3000)}`);
     });
     // Let a renewal round or two run, then look again: nothing flaps.
     await new Promise((r) => setTimeout(r, 6_000));
     const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8')));
-    const failsDuring = texts.map(
-      (t) =>
-        t.split('\n').filter((line) => {
-          const [word, ms] = line.split(' ');
-          return word === 'fail' && Number(ms) >= stoppedAt && Number(ms) <= Date.now();
-        }).length,
-    );
-    const all = await timelines();
+    const failsDuring = texts.map((t) => failsAfter(t, stoppedAt));
+    const all = await timelines(deps, uids);
     console.log(
       `Redis stopped 20 s (${continuedAt - stoppedAt} ms): every pod active and through ${recovered - continuedAt} ms after it continued; failed probes from the stop on, per pod: ${failsDuring.join(', ')}\n${all}`,
     );
-    expect(await allActive()).toBe(true);
+    expect(await isActive()).toBe(true);
     // The data plane does not need Redis: no probe failed, no shadow was replaced.
     expect(failsDuring).toEqual(pods.map(() => 0));
     expect(await generations()).toEqual(before);
