@@ -1,4 +1,4 @@
-import { isSiteWide } from '../machines/pod-rules.js';
+import { isSiteWide, SITE_BACKOFF_MAX_MS } from '../machines/pod-rules.js';
 import type { PodContext, PodEvent, PodStateName } from '../machines/pod-types.js';
 import { ANNOTATION } from '../spec/annotations.js';
 
@@ -114,7 +114,7 @@ export function transitionEvents(
         ? {
             type: 'Warning',
             reason: EVENT_REASONS.siteUnreachable,
-            message: `the site is out of reach (${lastError(ctx)}); waiting for it: relaunching every 30 s at most, without spending this pod's attempts`,
+            message: `the site is out of reach (${lastError(ctx)}); waiting for it: relaunching every ${SITE_BACKOFF_MAX_MS / 1000} s at most, without spending this pod's attempts`,
           }
         : {
             type: 'Warning',

@@ -60,29 +60,6 @@ export const endpointPolicySchema = z.strictObject({
 export type EndpointPolicy = z.output<typeof endpointPolicySchema>;
 type EndpointRules = z.output<typeof endpointRulesSchema>;
 
-/** Ranges that are never reached through a broad rule: only a rule inside them opens them. */
-const PROTECTED: ReadonlyArray<{ cidr: string; what: string }> = [
-  { cidr: '127.0.0.0/8', what: 'loopback (the fleet itself)' },
-  { cidr: '169.254.0.0/16', what: 'link-local (cloud metadata)' },
-  { cidr: '0.0.0.0/8', what: '"this network"' },
-];
-
-/** IPv6 ranges refused at dial time (rules are IPv4 only, so nothing opens them). */
-const PROTECTED6: ReadonlyArray<{ cidr: [string, number]; what: string }> = [
-  { cidr: ['::1', 128], what: 'loopback (the fleet itself)' },
-  { cidr: ['fe80::', 10], what: 'link-local' },
-  { cidr: ['fd00:ec2::254', 128], what: 'cloud metadata' },
-  { cidr: ['::', 128], what: 'unspecified' },
-];
-
-/** The fleet's own addresses (its pod IP): a pod must not dial the fleet's own listeners through them. */
-export function fleetAddresses(): string[] {
-  return Object.values(networkInterfaces())
-    .flatMap((list) => list ?? [])
-    .filter((i) => !i.internal)
-    .map((i) => i.address);
-}
-
 function parseCidr(text: string): { address: string; prefix: number } {
   const m = CIDR.exec(text);
   return { address: m?.[1] ?? '0.0.0.0', prefix: Number(m?.[2] ?? 32) };
@@ -95,6 +72,41 @@ function blockOf(cidrs: readonly string[]): BlockList {
     list.addSubnet(address, prefix, 'ipv4');
   }
   return list;
+}
+
+/** Ranges that are never reached through a broad rule: only a rule inside them opens them. */
+const PROTECTED: ReadonlyArray<{ cidr: string; what: string; block: BlockList }> = [
+  { cidr: '127.0.0.0/8', what: 'loopback (the fleet itself)' },
+  { cidr: '169.254.0.0/16', what: 'link-local (cloud metadata)' },
+  { cidr: '0.0.0.0/8', what: '"this network"' },
+].map((p) => ({ ...p, block: blockOf([p.cidr]) }));
+
+/** IPv6 ranges refused at dial time (rules are IPv4 only, so nothing opens them). */
+const PROTECTED6: ReadonlyArray<{ what: string; block: BlockList }> = (
+  [
+    ['::1', 128, 'loopback (the fleet itself)'],
+    ['fe80::', 10, 'link-local'],
+    ['fd00:ec2::254', 128, 'cloud metadata'],
+    ['::', 128, 'unspecified'],
+  ] as const
+).map(([address, prefix, what]) => {
+  const block = new BlockList();
+  block.addSubnet(address, prefix, 'ipv6');
+  return { what, block };
+});
+
+let ownAddresses: readonly string[] | undefined;
+
+/**
+ * The fleet's own addresses (its pod IP): a pod must not dial the fleet's own listeners through them.
+ * Read once: every validation and every dial asks, and a pod's addresses do not change.
+ */
+export function fleetAddresses(): readonly string[] {
+  ownAddresses ??= Object.values(networkInterfaces())
+    .flatMap((list) => list ?? [])
+    .filter((i) => !i.internal)
+    .map((i) => i.address);
+  return ownAddresses;
 }
 
 /** Is the range `inner` inside `outer`? */
@@ -178,9 +190,7 @@ export class NamespaceEndpointPolicy {
     if (mapped) return this.refusalOfAddress(mapped, name ?? address);
     if (isIPv6(address)) {
       for (const p of PROTECTED6) {
-        const list = new BlockList();
-        list.addSubnet(p.cidr[0], p.cidr[1], 'ipv6');
-        if (list.check(address, 'ipv6')) return `${what} is ${p.what}, never reached through a tunnel`;
+        if (p.block.check(address, 'ipv6')) return `${what} is ${p.what}, never reached through a tunnel`;
       }
       return name === undefined ? `${what}: IPv6 literals are not endpoints` : undefined;
     }
@@ -189,7 +199,7 @@ export class NamespaceEndpointPolicy {
       return `${what} is the fleet's own address; only a CIDR rule ${address}/32 in ${POLICY_KEY} opens it`;
     }
     for (const [i, p] of PROTECTED.entries()) {
-      if (!blockOf([p.cidr]).check(address, 'ipv4')) continue;
+      if (!p.block.check(address, 'ipv4')) continue;
       if (this.protectedOpen[i]?.open.check(address, 'ipv4')) return undefined;
       return `${what} is ${p.what}, never reached unless a CIDR rule inside ${p.cidr} in ${POLICY_KEY} names it`;
     }

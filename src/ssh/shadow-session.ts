@@ -182,12 +182,14 @@ export class ShadowSession {
     const carrier = this.carrier;
     if (!carrier) throw new SessionError('closed', this.closeReason);
     const { client, serverMessages } = carrier;
+    // The pod's endpoints are dialled as a pod of its namespace, forwards and SOCKS alike.
+    const dialer = new EndpointDialer(this.opts.dialRules, plan.namespace);
     this.forwards = new ReverseForwards(
       client,
       plan.forwards.map((f) => ({ socketPath: f.socketPath, dialHost: f.dialHost, port: f.port })),
       serverMessages,
       this.opts.log,
-      { dialer: this.dialer() },
+      { dialer },
     );
     this.forwardStats = this.forwards.stats;
     await this.checkFence();
@@ -203,7 +205,7 @@ export class ShadowSession {
         pod: `${plan.namespace}/${plan.name}`,
         port: plan.socks,
       });
-      this.socks = new SocksForward(client, plan.socks, serverMessages, this.opts.log, this.dialer());
+      this.socks = new SocksForward(client, plan.socks, serverMessages, this.opts.log, dialer);
       await this.socks.establish();
       await this.checkpoint();
     }
@@ -226,11 +228,6 @@ export class ShadowSession {
     if (now && (now.phase === 'ended' || now.phase === 'ending')) return { type: 'JOB_ENDED', state: now.state };
     if (outcome.lost !== undefined) return { type: 'CARRIER_LOST', reason: outcome.lost };
     return { type: 'SOCKETS_VANISHED' };
-  }
-
-  /** The pod's endpoints are dialled as a pod of its namespace. */
-  private dialer(): EndpointDialer {
-    return new EndpointDialer(this.opts.dialRules, this.opts.plan.namespace);
   }
 
   private async jobNow(): Promise<SlurmJob | undefined> {
