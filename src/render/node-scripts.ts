@@ -27,18 +27,39 @@ export function renderPrepareSockets(socketDir: string, socketPaths: readonly st
 
 /** Token the watch prints when the socket dir or a socket is gone. */
 export const WATCH_VANISHED = 'backhaul-vanished';
+/** Token the watch prints when every process of the job's relay is gone while its sockets remain. */
+export const WATCH_RELAY_DEAD = 'backhaul-relay-dead';
+/** Written by the relay (src/render/relay.py RELAY_PIDS_FILE): the pids of its holder and relaying process. */
+export const RELAY_PIDS_FILE = 'relay.pids';
 
 /**
  * Runs for the life of the forwards: ends, printing WATCH_VANISHED, when the socket dir or one of
- * the sockets disappears (the job's trap removes the dir when the batch script ends). It prints a
- * dot each round so that, once the carrier is gone, the next write kills it (SIGPIPE) instead of
- * leaving a loop behind on the node.
+ * the sockets disappears (the job's trap removes the dir when the batch script ends), or
+ * WATCH_RELAY_DEAD when none of the relay's processes is alive (kill -0 works on the user's own
+ * processes) and the dir is still there a moment later (at the job's end the relay stops just before
+ * the trap removes the dir). A job without a pids file (a prelude of an older version) is not checked.
+ * It prints a dot each round so that, once the carrier is gone, the next write kills it (SIGPIPE)
+ * instead of leaving a loop behind on the node.
  */
 export function renderSocketWatch(socketDir: string, socketPaths: readonly string[], intervalS: number): string {
   if (!Number.isInteger(intervalS) || intervalS < 1) throw new RangeError('intervalS must be a positive integer');
-  const checks = [`[ -d ${shellQuote(socketDir)} ]`, ...socketPaths.map((p) => `[ -S ${shellQuote(p)} ]`)];
+  const dir = shellQuote(socketDir);
+  const pids = shellQuote(`${socketDir}/${RELAY_PIDS_FILE}`);
+  const checks = [`[ -d ${dir} ]`, ...socketPaths.map((p) => `[ -S ${shellQuote(p)} ]`)];
   return [
+    'relay_alive() {',
+    `  [ -f ${pids} ] || return 0`,
+    `  for p in $(cat ${pids} 2>/dev/null); do`,
+    '    case $p in *[!0-9]*) continue ;; esac',
+    '    if kill -0 "$p" 2>/dev/null; then return 0; fi',
+    '  done',
+    '  return 1',
+    '}',
     `while ${checks.join(' && ')}; do`,
+    '  if ! relay_alive; then',
+    '    sleep 2',
+    `    if [ -d ${dir} ] && ! relay_alive; then echo ${WATCH_RELAY_DEAD}; exit 0; fi`,
+    '  fi',
     `  printf .`,
     `  sleep ${intervalS}`,
     'done',

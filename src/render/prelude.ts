@@ -15,7 +15,8 @@ export { hasPrelude, PRELUDE_BEGIN, PRELUDE_END, stripPrelude } from './prelude-
 /** The part of a ReverseRequest the prelude needs. */
 export type PreludeRequest = { forwards: readonly Pick<Forward, 'listenPort' | 'names'>[] };
 /** The site settings the prelude needs (WaitForForwards in milliseconds). */
-export type PreludeSettings = Pick<ReverseConfig, 'SocketRoot' | 'PythonPath' | 'WaitForForwards'>;
+export type PreludeSettings = Pick<ReverseConfig, 'SocketRoot' | 'PythonPath' | 'WaitForForwards'> &
+  Partial<Pick<ReverseConfig, 'PrivateSocketRoot'>>;
 
 /** How long the prelude waits for the relay to report that every port is bound. */
 const RELAY_READY_SECONDS = 10;
@@ -54,15 +55,18 @@ export function renderPrelude(request: PreludeRequest, settings: PreludeSettings
     PRELUDE_BEGIN,
     '# Reverse forwards of this pod (backhaul). The admission webhook rewrites this block.',
     ...header(settings.PythonPath, relay, settings.SocketRoot),
+    ...(settings.PrivateSocketRoot ? privateSocketRoot(settings.SocketRoot) : []),
     ...socketDirSetup(),
     ...cleanupTrap(),
+    // The relay picks the address (another one if the derived one is taken), so the hosts file comes after it.
+    ...(ports.length > 0 ? startRelay(ports) : []),
     ...hostsFile(groups),
     ...containerBinds(),
-    ...(ports.length > 0 ? [...startRelay(ports), ...waitForSockets(ports, waitSeconds)] : []),
+    ...(ports.length > 0 ? waitForSockets(ports, waitSeconds) : []),
     '# Files the workload creates keep the permissions it expects.',
     'umask "$bh_umask"',
     // bh_dir and bh_relay_pid stay: the EXIT trap needs them.
-    'unset bh_umask bh_uid bh_py bh_relay_src bh_derived bh_addr bh_why bh_hosts bh_bind bh_relay_py bh_ready_file bh_tick bh_ticks bh_n bh_ready bh_rc bh_limit bh_waited bh_missing',
+    'unset bh_root bh_umask bh_uid bh_py bh_relay_src bh_derived bh_addr bh_why bh_hosts bh_bind bh_relay_py bh_ready_file bh_tick bh_ticks bh_n bh_ready bh_rc bh_limit bh_waited bh_missing',
     PRELUDE_END,
     '',
   ].join('\n');
@@ -125,6 +129,38 @@ function header(pythonPath: string, relay: string, socketRoot: string): string[]
     `    printf 'backhaul: the relay derived %s, not "<address> <socket dir>"\\n' "$bh_derived" >&2`,
     '    exit 1 ;;',
     'esac',
+  ];
+}
+
+/**
+ * A per-user socket root (`%u` in SocketRoot) is made private by the first job of the user on the node
+ * and reused by the next ones. Inside it, nobody else can make or take a pod's socket dir; only the
+ * root itself could be made first by another user, which is refused with a message saying so.
+ */
+function privateSocketRoot(root: string): string[] {
+  return [
+    `bh_root=${shellQuote(root)}`,
+    'if ! mkdir -m 700 "$bh_root" 2>/dev/null; then',
+    '  bh_why=',
+    '  if [ -L "$bh_root" ]; then',
+    "    bh_why='is a symbolic link'",
+    '  elif [ ! -e "$bh_root" ]; then',
+    `    printf 'backhaul: cannot create the socket root %s (does its parent exist on this node? Network.SSH.Reverse.SocketRoot)\\n' "$bh_root" >&2`,
+    '    exit 1',
+    '  elif [ ! -d "$bh_root" ]; then',
+    "    bh_why='is not a directory'",
+    '  elif [ ! -O "$bh_root" ]; then',
+    "    bh_why='belongs to another user'",
+    '  fi',
+    '  if [ -n "$bh_why" ]; then',
+    `    printf 'backhaul: refusing the socket root %s: it %s (Network.SSH.Reverse.SocketRoot has %%u, so the dir belongs to this user alone; another user may have made it to intercept the forwards: remove it)\\n' "$bh_root" "$bh_why" >&2`,
+    '    exit 1',
+    '  fi',
+    '  if ! chmod 700 "$bh_root"; then',
+    `    printf 'backhaul: cannot make the socket root %s private\\n' "$bh_root" >&2`,
+    '    exit 1',
+    '  fi',
+    'fi',
   ];
 }
 
@@ -236,7 +272,7 @@ function startRelay(ports: readonly number[]): string[] {
     `  printf 'backhaul: cannot write %s\\n' "$bh_relay_py" >&2`,
     '  exit 1',
     'fi',
-    `"$bh_py" "$bh_relay_py" serve --uid="$bh_uid" --socket-dir="$bh_dir" --bind="$bh_addr" ${forwards} >"$bh_ready_file" &`,
+    `"$bh_py" "$bh_relay_py" serve --uid="$bh_uid" --socket-dir="$bh_dir" ${forwards} >"$bh_ready_file" &`,
     'bh_relay_pid=$!',
     // POSIX sleep takes whole seconds; GNU and busybox sleep take fractions, which start jobs sooner.
     'if sleep 0.01 2>/dev/null; then',
@@ -251,7 +287,9 @@ function startRelay(ports: readonly number[]): string[] {
     '    IFS= read -r bh_ready <"$bh_ready_file" || :',
     '  fi',
     '  case $bh_ready in',
-    "    'ready '*) break ;;",
+    "    'ready 127.'*)",
+    '      bh_addr=${bh_ready#ready }',
+    '      break ;;',
     '  esac',
     '  if ! kill -0 "$bh_relay_pid" 2>/dev/null; then',
     '    bh_rc=0',

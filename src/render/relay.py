@@ -29,19 +29,29 @@ Commands
 --forward PORT[=SOCKETPATH] [--forward ...] [--bind ADDR]``
     * UID comes from ``--uid`` or from the environment variable named by
       ``--uid-from-env`` (e.g. SLURM_JOB_NAME); it must not be empty.
-    * ``--bind`` defaults to the bind address derived from UID.
+    * Without ``--bind``, the address derived from UID is tried first; if one
+      of its ports is taken (EADDRINUSE) or the address cannot be had, up to
+      32 random addresses of the same range are tried. ``--bind`` binds
+      exactly ADDR or fails.
     * SOCKETPATH defaults to ``DIR/PORT.sock``; PORT is 1..65535; each port
       may be forwarded once.
     * DIR must exist when the relay starts.
     * Every listen port is bound (SO_REUSEADDR) before anything is reported.
-      If any bind fails, a message naming the address and port goes to
-      stderr, nothing is left listening and the exit status is 1. Once all
+      If no address can be bound, a message naming the address and port goes
+      to stderr, nothing is left listening and the exit status is 1. Once all
       are bound, exactly ``ready <address>`` and a newline are written to
-      stdout (flushed).
-    * For each accepted connection, the peer's own socket is looked up in
-      /proc/net/tcp and /proc/net/tcp6 (IPv4-mapped addresses included).
-      Unless its uid equals this process's uid, the connection is closed at
-      once and one line is logged::
+      stdout (flushed): the job writes its hosts file with that address.
+    * The process started (the holder) keeps the listeners and relays in a
+      child process, which it starts again if it dies (kill -9, the OOM
+      killer), with a logged line, after a backoff of 0.05 s doubling to 5 s;
+      the listeners are never closed while the job runs, so no other user can
+      bind the address meanwhile. ``DIR/relay.pids`` lists the live processes.
+      If the holder dies, the child relays on alone.
+    * For each accepted connection, the owner of the peer's socket is looked
+      up by its exact 4-tuple through sock_diag (netlink), else in
+      /proc/net/tcp{,6} (IPv4-mapped addresses included). Unless its uid equals
+      this process's uid, the connection is closed at once and one line is
+      logged::
 
           backhaul-relay: refused <peer> -> <addr>:<port>: uid <n> is not the job's uid <m>
           backhaul-relay: refused <peer> -> <addr>:<port>: owner unknown
@@ -53,7 +63,7 @@ Commands
     * Exits with status 0 (listeners closed) when DIR disappears or is
       replaced (checked every 0.5 s), when the process that started the relay
       ends (the parent pid changes), and on SIGTERM, SIGINT or SIGHUP.
-    * umask 077; nothing is created on disk.
+    * umask 077; nothing is created on disk but DIR/relay.pids.
 
 Exit status: 0 done, 1 runtime failure (bind failed, DIR missing), 2 bad
 arguments. Every diagnostic line on stderr starts with ``backhaul-relay: ``.
@@ -63,6 +73,7 @@ import argparse
 import errno
 import hashlib
 import os
+import random
 import selectors
 import signal
 import socket
@@ -82,6 +93,11 @@ PROC_NET_FILES = ("/proc/net/tcp", "/proc/net/tcp6")
 PROC_LOOKUP_ATTEMPTS = 3
 TCP_TIME_WAIT = b"06"
 TCP_LISTEN = b"0A"
+BIND_ATTEMPTS = 32  # random addresses tried after the derived one
+RELAY_PIDS_FILE = "relay.pids"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+RESTART_WINDOW_SECONDS = 60
+RESTART_DELAY_MAX_SECONDS = 5.0
 
 _log_lock = threading.Lock()
 
@@ -629,13 +645,75 @@ def _on_signal(signum, frame):
     raise Stop()
 
 
+def _random_address(rng):
+    """Another address of the pods' range: 127.1.0.1 - 127.254.255.254, as derived ones."""
+    return "127.%d.%d.%d" % (rng.randint(1, 254), rng.randint(0, 255), rng.randint(1, 254))
+
+
+def _bind_listeners(address, family, forwards):
+    """Listening sockets on every port of ADDRESS, or OSError (with .port) and none left open."""
+    listeners = []
+    for port, path in forwards:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        listeners.append(sock)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port))
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+        except OSError as exc:
+            for opened in listeners:
+                _close(opened)
+            exc.port = port
+            raise
+    return listeners
+
+
+def _listen(address, family, exact, forwards):
+    """(address, listeners). The derived address first; if another process holds one of its ports
+    (a squatter who derived it too, or a pod whose UID hashes alike), random ones of the range: the
+    job learns the address from the ready line and writes the hosts file only then, so whoever
+    pre-binds an address gets no connection and cannot stop the job either."""
+    rng = random.SystemRandom()
+    candidate = address
+    for attempt in range(1 if exact else 1 + BIND_ATTEMPTS):
+        try:
+            return candidate, _bind_listeners(candidate, family, forwards)
+        except OSError as exc:
+            last = "cannot listen on %s (port %d): %s" % (
+                _fmt((candidate, exc.port)), exc.port, _errtext(exc))
+            if exact or exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                raise ListenError(last)
+            log("%s; trying another address" % last)
+            candidate = _random_address(rng)
+    raise ListenError("%s; gave up after %d addresses" % (last, 1 + BIND_ATTEMPTS))
+
+
+class ListenError(Exception):
+    """No address could be bound; exit status 1."""
+
+
+def _write_pids(directory, pids):
+    """<dir>/relay.pids: the processes holding the listeners, for the session host's watch (it
+    reports a relay that is gone; kill -0 works across processes of one user)."""
+    path = os.path.join(directory, RELAY_PIDS_FILE)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as out:
+            out.write(" ".join(str(pid) for pid in pids) + "\n")
+        os.rename(tmp, path)
+    except OSError as exc:
+        log("cannot write %s: %s" % (path, _errtext(exc)))
+
+
 def serve(args):
     uid_bytes = _uid_bytes(args, allow_empty=False)
     directory = args.socket_dir
     if not directory:
         raise UsageError("--socket-dir: the directory is empty")
     forwards = _parse_forwards(args.forward, directory)
-    if args.bind is not None:
+    exact = args.bind is not None
+    if exact:
         address = args.bind
         family = _parse_bind(address)
     else:
@@ -643,7 +721,7 @@ def serve(args):
         family = socket.AF_INET
 
     os.umask(0o077)
-    parent = os.getppid()
+    job_shell = os.getppid()
     my_uid = os.getuid()
 
     identity = _dir_identity(directory)
@@ -655,47 +733,169 @@ def serve(args):
         signal.signal(signum, _on_signal)
 
     listeners = []
-    selector = selectors.DefaultSelector()
     try:
-        for port, path in forwards:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            listeners.append(sock)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((address, port))
-                sock.listen(LISTEN_BACKLOG)
-                sock.setblocking(False)
-            except OSError as exc:
-                log("cannot listen on %s (port %d): %s"
-                    % (_fmt((address, port)), port, _errtext(exc)))
-                return 1
-            label = _fmt((address, port))
-            selector.register(sock, selectors.EVENT_READ, (label, path))
-
+        try:
+            address, listeners = _listen(address, family, exact, forwards)
+        except ListenError as exc:
+            log(str(exc))
+            return 1
+        data = [(sock, (_fmt((address, port)), path)) for sock, (port, path) in zip(listeners, forwards)]
         sys.stdout.write("ready %s\n" % address)
         sys.stdout.flush()
-
-        while True:
-            for key, _ in selector.select(POLL_SECONDS):
-                _accept_all(key.fileobj, key.data, my_uid)
-            if os.getppid() != parent:
-                log("parent process %d ended; exiting" % parent)
-                return 0
-            now = _dir_identity(directory)
-            if now is None or (now != "unknown" and now != identity):
-                log("socket dir %s is gone; exiting" % directory)
-                return 0
+        return _hold(data, directory, identity, job_shell, my_uid)
     except Stop:
         return 0
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
-        try:
-            selector.close()
-        except Exception:
-            pass
         for sock in listeners:
             _close(sock)
+
+
+def _hold(data, directory, identity, job_shell, my_uid):
+    """The holder: keeps the listeners open for the life of the job and runs the relaying in a child
+    process, started again whenever it dies (OOM killer, kill -9). The address and ports are never
+    released while the job runs, so no other user can bind them and receive the workload's
+    connections; the holder itself stays small and starts no threads, so forking is safe."""
+    holder = os.getpid()
+    deaths = []
+    child = None
+    try:
+        while True:
+            # Blocked across the fork, so that a SIGTERM cannot land between the fork and `child =`
+            # (the holder would leave without stopping it) nor in the child before its handlers.
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                child = _spawn_server(data, directory, identity, job_shell, holder, my_uid)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            _write_pids(directory, [holder, child])
+            status = _wait_server(child, directory, identity, job_shell)
+            child = None
+            if status is None:
+                return 0
+            now = time.time()
+            deaths = [t for t in deaths if now - t < RESTART_WINDOW_SECONDS] + [now]
+            delay = min(RESTART_DELAY_MAX_SECONDS, 0.05 * 2 ** (len(deaths) - 1))
+            log("the relay process %s %s; starting another on the same listeners in %.2f s "
+                "(%d deaths in %d s)" % (status[0], status[1], delay, len(deaths), RESTART_WINDOW_SECONDS))
+            time.sleep(delay)
+            if _job_gone(directory, identity, job_shell):
+                return 0
+    finally:
+        if child is not None:
+            _stop_server(child)
+
+
+def _spawn_server(data, directory, identity, job_shell, holder, my_uid):
+    pid = os.fork()
+    if pid != 0:
+        return pid
+    status = 1
+    try:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, _on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        status = _relay(data, directory, identity, job_shell, holder, my_uid)
+    except Stop:
+        status = 0
+    except BaseException as exc:  # noqa: B036 - a child must never return into the holder's code
+        log("relay process failed: %s" % _errtext(exc))
+    finally:
+        try:
+            sys.stderr.flush()
+        except Exception:
+            pass
+        os._exit(status)
+
+
+def _describe_status(status):
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "signal %d" % sig
+        return "was killed by %s" % name
+    return "exited with status %d" % os.WEXITSTATUS(status)
+
+
+def _wait_server(child, directory, identity, job_shell):
+    """None when the relaying ended as it should (job over); (pid, how) when it died."""
+    while True:
+        try:
+            pid, status = os.waitpid(child, os.WNOHANG)
+        except ChildProcessError:
+            return ("%d" % child, "vanished")
+        if pid == child:
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+                return None
+            if _job_gone(directory, identity, job_shell):
+                return None
+            return ("%d" % child, _describe_status(status))
+        if _job_gone(directory, identity, job_shell):
+            _stop_server(child)
+            return None
+        time.sleep(POLL_SECONDS)
+
+
+def _stop_server(child):
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+        try:
+            os.kill(child, sig)
+        except ProcessLookupError:
+            pass
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            try:
+                pid, _ = os.waitpid(child, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == child:
+                return
+            time.sleep(0.02)
+
+
+def _job_gone(directory, identity, job_shell):
+    """For the holder, whose parent is the job's shell."""
+    if os.getppid() != job_shell:
+        return True
+    now = _dir_identity(directory)
+    return now is None or (now != "unknown" and now != identity)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _relay(data, directory, identity, job_shell, holder, my_uid):
+    """The relaying process: accepts on the inherited listeners until the job ends. If the holder
+    dies first, it carries on alone (the listeners stay open as long as one of the two lives)."""
+    selector = selectors.DefaultSelector()
+    for sock, item in data:
+        selector.register(sock, selectors.EVENT_READ, item)
+    orphaned = False
+    while True:
+        for key, _ in selector.select(POLL_SECONDS):
+            _accept_all(key.fileobj, key.data, my_uid)
+        if not orphaned and os.getppid() != holder:
+            orphaned = True
+            log("the relay's holder process %d ended; relaying on in process %d, which nothing "
+                "restarts should it die" % (holder, os.getpid()))
+            _write_pids(directory, [os.getpid()])
+        if not _alive(job_shell):
+            log("parent process %d ended; exiting" % job_shell)
+            return 0
+        now = _dir_identity(directory)
+        if now is None or (now != "unknown" and now != identity):
+            log("socket dir %s is gone; exiting" % directory)
+            return 0
 
 
 def _accept_all(listener, data, my_uid):

@@ -15,6 +15,7 @@ const HOST_NAME =
 const IPV4 = /^(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$/;
 /** Paths end up in shell commands on the login and compute nodes: keep them to a plain character set. */
 const SAFE_PATH = /^\/[A-Za-z0-9._/+-]*$/;
+const SOCKET_ROOT = /^\/(?:[A-Za-z0-9._/+-]|%u)*$/;
 const SAFE_COMMAND = /^[A-Za-z0-9._/+-]+$/;
 const POSIX_USER = /^[a-z_][a-z0-9_.-]{0,31}$/;
 
@@ -36,12 +37,20 @@ export const reverseSchema = z.strictObject({
     .string()
     .regex(SAFE_COMMAND, 'expected a command name or absolute path of letters, digits and . _ / + -')
     .default('python3'),
-  SocketRoot: safePath.default('/tmp'),
+  /**
+   * Where the pods' socket dirs go on the compute nodes. `%u` stands for Network.SSH.User: such a root
+   * is the user's own, made 0700 by the job (nobody else can make or take a socket dir in it); a root
+   * without `%u` is shared and must be sticky like /tmp.
+   */
+  SocketRoot: z
+    .string()
+    .regex(SOCKET_ROOT, 'expected an absolute path of letters, digits and . _ / + -, with %u for the user')
+    .default('/tmp/backhaul-%u'),
   NodeSshPort: port.default(22),
   WaitForForwards: duration().prefault('10m'),
 });
 
-export const sshSchema = z.strictObject({
+const sshFields = z.strictObject({
   LoginHost: hostName,
   Port: port.default(22),
   User: z.string().regex(POSIX_USER, 'expected a POSIX user name'),
@@ -53,11 +62,26 @@ export const sshSchema = z.strictObject({
   Reverse: reverseSchema.prefault({}),
 });
 
+/** `%u` in SocketRoot becomes the user once, here: every consumer reads the path it names. */
+export const sshSchema = sshFields.transform((ssh) => ({
+  ...ssh,
+  Reverse: {
+    ...ssh.Reverse,
+    SocketRoot: ssh.Reverse.SocketRoot.replaceAll('%u', ssh.User),
+    /** The root is the user's own (it had `%u`): the job makes it 0700 and refuses one it does not own. */
+    PrivateSocketRoot: ssh.Reverse.SocketRoot.includes('%u'),
+  },
+}));
+
 /** Kubernetes object names (nodes, namespaces): DNS-1123 subdomains. */
 const KUBE_NAME = /^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
 const KUBE_NAMESPACE = /^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 /** A label selector as the API server takes it (`key=value`, `key!=value`, `key in (a,b)`, `!key`, …). */
 const LABEL_SELECTOR = /^[A-Za-z0-9!=(),. _/-]+$/;
+
+/** A label as `key=value`: an optional DNS prefix and `/`, a name, and a value (Kubernetes' own syntax). */
+const NAMESPACE_LABEL =
+  /^$|^(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?=(?:[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$/;
 
 /** How the watch, webhook and Event roles reach the cluster (src/cluster, deploy/README.md). */
 export const kubernetesSchema = z.strictObject({
@@ -74,6 +98,21 @@ export const kubernetesSchema = z.strictObject({
   PodSelector: z.string().regex(LABEL_SELECTOR, 'expected a label selector such as "app=train,tier!=test"').optional(),
   /** How often the watcher compares the pods it sees with the machines in Redis. */
   ResyncInterval: duration(1000).prefault('5m'),
+  /**
+   * Serve only pods of namespaces with this label (`key=value`), as the webhook's namespaceSelector
+   * admits them; "" serves every namespace. The watch role checks it and stamps its verdict on what
+   * it sends; the validate step refuses a pod without that verdict (src/spec/cluster-verdict.ts).
+   */
+  NamespaceLabel: z
+    .string()
+    .regex(NAMESPACE_LABEL, 'expected a label as key=value (e.g. interlink.eu/backhaul=enabled), or "" for every namespace')
+    .default('interlink.eu/backhaul=enabled'),
+  /**
+   * Refuse a forward that the cluster's NetworkPolicies would refuse to a pod of the offloaded pod's
+   * namespace and labels (src/cluster/network-policy-eval.ts): the fleet dials from its own namespace,
+   * where those policies do not apply.
+   */
+  NetworkPolicies: z.boolean().default(true),
   /** Record Kubernetes Events on pods for the control role's transitions (needs a cluster). */
   RecordEvents: z.boolean().default(true),
   Webhook: z

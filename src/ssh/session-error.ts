@@ -16,12 +16,20 @@ export const SESSION_ERROR_KINDS = [
   'job-ended',
   'carrier-lost',
   'sockets-vanished',
+  /** Every process of the job's relay is gone: the workload cannot reach the forwards. */
+  'relay-dead',
   'closed',
 ] as const;
 
 export type SessionErrorKind = (typeof SESSION_ERROR_KINDS)[number];
 
-const PERMANENT: ReadonlySet<SessionErrorKind> = new Set(['auth-refused', 'host-key-mismatch', 'forwarding-refused']);
+const PERMANENT: ReadonlySet<SessionErrorKind> = new Set([
+  'auth-refused',
+  'host-key-mismatch',
+  'forwarding-refused',
+  // Another shadow cannot bring the relay back: only the job (a new pod) can.
+  'relay-dead',
+]);
 
 export class SessionError extends Error {
   override readonly name = 'SessionError';

@@ -7,6 +7,7 @@ import {
   renderRemoveOwnSockets,
   renderSocketInodes,
   renderSocketWatch,
+  WATCH_RELAY_DEAD,
   WATCH_VANISHED,
 } from '../render/node-scripts.js';
 import type { SessionPlan } from '../render/session-plan.js';
@@ -222,11 +223,18 @@ export class ShadowSession {
     const socketPaths = plan.forwards.map((f) => f.socketPath);
     const vanished = this.watchSockets(carrier.client, plan.socketDir, socketPaths, intervalS);
     const lost = carrier.lost.then((reason) => ({ lost: reason }));
-    const outcome = await Promise.race([vanished.then(() => ({ lost: undefined })), lost]);
+    const outcome = await Promise.race([vanished.then((watched) => ({ lost: undefined, watched })), lost]);
     this.abortIfClosing();
     const now = await this.jobNow().catch(() => undefined);
     if (now && (now.phase === 'ended' || now.phase === 'ending')) return { type: 'JOB_ENDED', state: now.state };
     if (outcome.lost !== undefined) return { type: 'CARRIER_LOST', reason: outcome.lost };
+    if ('watched' in outcome && outcome.watched === 'relay-dead') {
+      const where = this.job ? ` in job ${this.job.jobId} on ${this.job.batchHost ?? '?'}` : '';
+      throw new SessionError(
+        'relay-dead',
+        `the relay of pod ${plan.namespace}/${plan.name}${where} has died (none of its processes is left): the workload cannot reach its forwards, and another user of the node could listen on its address. The job's log has the relay's last messages; delete the pod to run it again`,
+      );
+    }
     return { type: 'SOCKETS_VANISHED' };
   }
 
@@ -323,7 +331,12 @@ export class ShadowSession {
     for (const [path, inode] of parseSocketInodes(result.stdout, paths)) this.owned.set(path, inode);
   }
 
-  private async watchSockets(client: Client, dir: string, paths: readonly string[], intervalS: number): Promise<void> {
+  private async watchSockets(
+    client: Client,
+    dir: string,
+    paths: readonly string[],
+    intervalS: number,
+  ): Promise<'vanished' | 'relay-dead'> {
     const channel = await openExec(client, '/bin/sh -s');
     this.watch = channel;
     if (this.tornDown) channel.close();
@@ -332,10 +345,11 @@ export class ShadowSession {
       channel.on('data', (chunk: Buffer) => {
         // Only the tail matters: the rest is the keepalive dots.
         seen = (seen + chunk.toString('latin1')).slice(-64);
-        if (seen.includes(WATCH_VANISHED)) resolve();
+        if (seen.includes(WATCH_VANISHED)) resolve('vanished');
+        if (seen.includes(WATCH_RELAY_DEAD)) resolve('relay-dead');
       });
       channel.stderr.resume();
-      channel.on('close', () => resolve());
+      channel.on('close', () => resolve('vanished'));
       channel.end(renderSocketWatch(dir, paths, intervalS));
     });
   }

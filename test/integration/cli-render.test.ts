@@ -87,7 +87,8 @@ describe('backhaul render', () => {
     const plan = JSON.parse(run.stdout);
     const uid = '7c1b0f1e-3c4f-4a5e-9d2b-0123456789ab';
     expect(plan.bindAddress).toBe(bindAddress(uid));
-    expect(plan.socketDir).toBe(socketDir('/tmp', uid));
+    // site-node.yaml names a shared /tmp; the others take the default, the user's own root.
+    expect(plan.socketDir).toBe(socketDir(site === 'node' ? '/tmp' : '/tmp/backhaul-interlink', uid));
     expect(plan.carrier.mode).toBe(mode);
     expect(plan.forwards.map((f: { socketPath: string }) => f.socketPath)).toEqual([
       `${plan.socketDir}/9000.sock`,

@@ -76,8 +76,14 @@ async function doctorJson(
 }
 
 /** The scratch dirs doctor makes on the node (the node is this machine: SocketRoot /tmp). */
+/** Doctor's scratch dirs in /tmp and in the per-user roots under it (the default SocketRoot /tmp/backhaul-%u). */
 async function scratchDirs(): Promise<Set<string>> {
-  return new Set((await readdir('/tmp')).filter((n) => n.startsWith('bh-doctor.')));
+  const names = await readdir('/tmp');
+  const roots = names.filter((n) => n.startsWith('backhaul-')).map((n) => `/tmp/${n}`);
+  const inRoots = await Promise.all(
+    roots.map(async (root) => (await readdir(root).catch(() => [])).map((n) => `${root}/${n}`)),
+  );
+  return new Set([...names.map((n) => `/tmp/${n}`), ...inRoots.flat()].filter((p) => p.includes('/bh-doctor.')));
 }
 
 function keyFingerprint(pub: string): string {
@@ -126,7 +132,7 @@ describe('backhaul doctor', () => {
     expect(rows.find((r) => r.check === 'slurm')?.detail).toContain('partitions: debug');
     expect(rows.find((r) => r.check === 'node')?.detail).toContain('bhnode1');
     expect(rows.find((r) => r.check === 'forwarding')?.detail).toMatch(
-      /granted a stream-local forward of \/tmp\/bh-doctor\./,
+      /granted a stream-local forward of \/tmp\/backhaul-[a-z]+\/bh-doctor\./,
     );
     expect(rows.find((r) => r.check === 'python')?.detail).toMatch(/Python 3\.\d+/);
     expect(await scratchDirs()).toEqual(before);

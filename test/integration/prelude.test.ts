@@ -5,7 +5,7 @@ import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type PreludeSettings, renderPrelude } from '../../src/render/prelude.js';
 import { bindAddress, socketDir } from '../../src/spec/derivations.js';
-import { ensureUser, JOB_USER, OTHER_USER, type TestUser } from '../fixtures/users.js';
+import { ensureUser, JOB_USER, OTHER_USER, runAs, type TestUser } from '../fixtures/users.js';
 import { requestFor } from '../unit/render-fixtures.js';
 import {
   eventually,
@@ -107,11 +107,14 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     expect(state.apptainer).toBe(`${dir}/hosts:/etc/hosts`);
     expect(state.singularity).toBe(`${dir}/hosts:/etc/hosts`);
 
-    // A plain child of the batch script, listening on the pod's address.
+    // A plain child of the batch script holds the listeners; its own child relays.
     const relays = await relayOf(dir);
-    expect(relays).toHaveLength(1);
-    const relay = relays[0] ?? -1;
-    expect((await processInfo(relay))?.ppid).toBe(Number(state.pid));
+    expect(relays).toHaveLength(2);
+    const parents = await Promise.all(relays.map(async (pid) => (await processInfo(pid))?.ppid));
+    const relay = relays.find((_, i) => parents[i] === Number(state.pid)) ?? -1;
+    const relaying = relays.find((pid) => pid !== relay) ?? -1;
+    expect((await processInfo(relaying))?.ppid, `relay processes ${relays} with parents ${parents}`).toBe(relay);
+    expect((await readFile(`${dir}/relay.pids`, 'utf8')).trim()).toBe(`${relay} ${relaying}`);
     for (const port of [6379, 9000, 8080]) {
       await new Promise<void>((resolve, reject) => {
         const socket = net.connect({ host: address, port }, () => {
@@ -133,6 +136,7 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     expect(script.stdout).toMatch(/^workload-done$/m);
     expect(gone(dir)).toBe(true);
     expect(await eventually(async () => (await processInfo(relay)) === undefined)).toBe(true);
+    expect(await eventually(async () => (await processInfo(relaying)) === undefined)).toBe(true);
   }, 60_000);
 
   it('goes on as soon as every socket is there, and keeps the exit status', async () => {
@@ -179,8 +183,8 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
       SLURM_JOB_NAME: uid,
     });
     await script.state();
-    const [relay] = await relayOf(dir);
-    expect(relay).toBeDefined();
+    const relays = await relayOf(dir);
+    expect(relays).toHaveLength(2);
     // scancel signals every process of the job; the relay is left out to see that the trap ends it.
     const workloads: number[] = [];
     for (const pid of await findProcesses('sleep', '600')) {
@@ -192,7 +196,7 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     const exit = await script.exited;
     expect(exit.code).toBe(143);
     expect(gone(dir)).toBe(true);
-    expect(await eventually(async () => (await processInfo(relay ?? -1)) === undefined)).toBe(true);
+    for (const pid of relays) expect(await eventually(async () => (await processInfo(pid)) === undefined)).toBe(true);
   }, 60_000);
 
   it('appends the hosts file to APPTAINER_BIND and SINGULARITY_BIND, keeping existing binds', async () => {
@@ -302,5 +306,145 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
         new RegExp(`^resolved ${name.replaceAll('.', '\\.')} ${address.replaceAll('.', '\\.')}\\s`, 'm'),
       );
     }
+  }, 30_000);
+});
+
+/** Binds ADDRESS:PORT as often as it can for SECONDS, as another user would, and says how it went. */
+const SQUATTER = `
+import socket, sys, time
+address, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+end = time.time() + seconds
+tries = bound = received = 0
+while time.time() < end:
+    tries += 1
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((address, port))
+        s.listen(8)
+        bound += 1
+        s.settimeout(0.05)
+        try:
+            c, _ = s.accept()
+            received += len(c.recv(4096))
+            c.close()
+        except socket.timeout:
+            pass
+    except OSError:
+        pass
+    s.close()
+    time.sleep(0.001)
+print("tries=%d bound=%d received=%d" % (tries, bound, received))
+`;
+
+describe('the relay under attack from other users of the node (bash)', () => {
+  it('takes another address when the derived one is held by someone else, and the hosts file names that one', async () => {
+    const uid = newUid('taken');
+    const dir = socketDir('/tmp', uid);
+    const derived = bindAddress(uid);
+    const squatted: string[] = [];
+    const squatter = net.createServer((socket) => {
+      squatted.push(socket.remoteAddress ?? '?');
+      socket.destroy();
+    });
+    squatter.listen({ host: derived, port: 6379 });
+    await new Promise((resolve) => squatter.once('listening', resolve));
+    try {
+      const script = await start('bash', prelude('redis:6379', { WaitForForwards: 1000 }) + STATE_SNIPPET, {
+        SLURM_JOB_NAME: uid,
+      });
+      const state = await script.state();
+      expect(state.addr, script.stderr).not.toBe(derived);
+      expect(state.addr).toMatch(/^127\.\d+\.\d+\.\d+$/);
+      expect(script.stderr).toMatch(
+        new RegExp(
+          `cannot listen on ${derived.replaceAll('.', '\\.')}:6379 \\(port 6379\\): .*EADDRINUSE.*; trying another address`,
+        ),
+      );
+      const hosts = await readFile(`${dir}/hosts`, 'utf8');
+      expect(hosts).toContain(`${state.addr} redis.user.svc.cluster.local`);
+      expect(hosts).not.toContain(`${derived} `);
+      // The names lead to the relay: it answers (and refuses this root-owned client) instead of the squatter.
+      await new Promise<void>((resolve) => {
+        const socket = net.connect({ host: state.addr, port: 6379 }, () => socket.end());
+        socket.on('close', () => resolve());
+        socket.on('error', () => resolve());
+      });
+      expect(await eventually(() => script.stderr.includes(`-> ${state.addr}:6379: uid 0 is not the job's uid`))).toBe(
+        true,
+      );
+      expect(squatted).toEqual([]);
+      await script.finish();
+    } finally {
+      await new Promise((resolve) => squatter.close(resolve));
+    }
+  }, 30_000);
+
+  it('starts a killed relaying process again on the same listeners: another user never gets the address', async () => {
+    const uid = newUid('kill9');
+    const dir = socketDir('/tmp', uid);
+    const script = await start('bash', prelude('redis:6379', { WaitForForwards: 1000 }) + STATE_SNIPPET, {
+      SLURM_JOB_NAME: uid,
+    });
+    const state = await script.state();
+    const [holder, relaying] = (await readFile(`${dir}/relay.pids`, 'utf8')).trim().split(' ').map(Number);
+    expect(holder, 'relay.pids').toBeGreaterThan(0);
+    const squatter = runAs(other, '/usr/bin/python3', ['-c', SQUATTER, state.addr ?? '', '6379', '3']);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    for (let kill = 0; kill < 3; kill += 1) {
+      const victim = Number((await readFile(`${dir}/relay.pids`, 'utf8')).trim().split(' ')[1]);
+      process.kill(victim, 'SIGKILL');
+      expect(
+        await eventually(async () => {
+          const now = (await readFile(`${dir}/relay.pids`, 'utf8')).trim().split(' ').map(Number);
+          return now[0] === holder && now[1] !== victim && (await processInfo(now[1] ?? -1)) !== undefined;
+        }),
+        `relay.pids after killing ${victim}; stderr:\n${script.stderr}`,
+      ).toBe(true);
+    }
+    const seen = await squatter;
+    expect(seen.stdout, seen.stderr).toMatch(/tries=\d+ bound=0 received=0/);
+    expect(Number(/tries=(\d+)/.exec(seen.stdout)?.[1])).toBeGreaterThan(100);
+    expect(script.stderr).toMatch(
+      new RegExp(`the relay process ${relaying} was killed by SIGKILL; starting another on the same listeners`),
+    );
+    // Still relaying: a client of the job's user is passed on (to a socket that is not there: closed, logged).
+    const probe = await runAs(job, '/usr/bin/python3', [
+      '-c',
+      'import socket,sys; s=socket.create_connection((sys.argv[1], 6379)); print(s.recv(1) == b"")',
+      state.addr ?? '',
+    ]);
+    expect(probe.stdout.trim(), probe.stderr).toBe('True');
+    expect(await eventually(() => script.stderr.includes(`cannot connect ${dir}/6379.sock`))).toBe(true);
+    expect((await script.finish()).code).toBe(0);
+  }, 30_000);
+
+  it('makes a per-user socket root private, and refuses one another user made first', async () => {
+    const root = `/tmp/bh-root-${process.pid}-${Date.now()}`;
+    extraPaths.push(root);
+    const uid = newUid('own');
+    const script = await start(
+      'bash',
+      prelude('redis:6379', { SocketRoot: root, PrivateSocketRoot: true, WaitForForwards: 1000 }) + STATE_SNIPPET,
+      { SLURM_JOB_NAME: uid },
+    );
+    const state = await script.state();
+    expect(state.dir).toBe(socketDir(root, uid));
+    const made = await lstat(root);
+    expect({ mode: (made.mode & 0o777).toString(8), uid: made.uid }).toEqual({ mode: '700', uid: job.uid });
+    expect((await script.finish()).code).toBe(0);
+    // The root stays for the user's next jobs; the pod's dir inside it is gone.
+    expect(gone(socketDir(root, uid))).toBe(true);
+    expect((await lstat(root)).isDirectory()).toBe(true);
+
+    await chown(root, other.uid, other.gid);
+    const refused = await start(
+      'bash',
+      prelude('redis:6379', { SocketRoot: root, PrivateSocketRoot: true, WaitForForwards: 1000 }) + STATE_SNIPPET,
+      { SLURM_JOB_NAME: newUid('own2') },
+    );
+    expect((await refused.exited).code).toBe(1);
+    expect(refused.stderr).toMatch(/refusing the socket root .*: it belongs to another user/);
+    expect(refused.stdout).not.toMatch(/checkpoint/);
   }, 30_000);
 });

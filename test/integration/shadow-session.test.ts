@@ -115,3 +115,47 @@ describe.each([
     await scancel(jobId);
   }, 120_000);
 });
+
+describe('shadow session when the job relay dies', () => {
+  let h: Harness;
+  let echo: { server: Server; port: number };
+
+  beforeAll(async () => {
+    h = await harness('allowed', {});
+    echo = await echoServer();
+  });
+
+  afterAll(async () => {
+    await cancelSubmittedJobs();
+    h?.access.pool.close();
+    echo?.server.close();
+    await h?.site.stop();
+    if (h) await rm(h.workdir, { recursive: true, force: true });
+  });
+
+  it('fails the session as relay-dead (permanent) when every relay process is killed, and removes its sockets', async () => {
+    const podUid = uid();
+    const plan = planFor(h, podUid, `15010:127.0.0.1:${echo.port}`);
+    const jobId = await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
+    const { phases, ended } = startSession(h, plan);
+    await waitFor('forwards', () => phases.some((p) => p.type === 'FORWARDS_READY'), 60_000);
+    const pids = (await readFile(join(plan.socketDir, 'relay.pids'), 'utf8')).trim().split(' ').map(Number);
+    expect(pids, 'relay.pids').toHaveLength(2);
+    const killedAt = Date.now();
+    for (const pid of pids) process.kill(pid, 'SIGKILL');
+    const end = await ended;
+    expect(end, `phases: ${JSON.stringify(phases)}`).toMatchObject({
+      type: 'SESSION_FAILED',
+      error: { kind: 'relay-dead', permanent: true },
+    });
+    expect(end.type === 'SESSION_FAILED' ? end.error.message : '').toMatch(
+      new RegExp(`the relay of pod user/${plan.name} in job ${jobId} on bhnode1 has died`),
+    );
+    // One check round, the 2 s second look, and the teardown.
+    expect(Date.now() - killedAt).toBeLessThan(8_000);
+    for (const f of plan.forwards) expect(await exists(f.socketPath)).toBe(false);
+    // The job is the workload's: it goes on (Kubernetes shows the pod failed; deleting it ends the job).
+    expect((await jobState(jobId)).state).toBe('RUNNING');
+    await scancel(jobId);
+  }, 120_000);
+});

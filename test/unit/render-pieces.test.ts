@@ -309,7 +309,7 @@ describe('session plan', () => {
   it('derives addresses, socket paths, names and the carrier', () => {
     const { site, request } = requestFor('srun', 'redis:6379 10.0.0.1:8080', 11080);
     const plan = renderSessionPlan(pod(UID), request, site);
-    const dir = socketDir('/tmp', UID);
+    const dir = socketDir(`/tmp/backhaul-${site.Network.SSH.User}`, UID);
     expect(plan).toMatchObject({
       uid: UID,
       namespace: 'user',

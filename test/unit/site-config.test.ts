@@ -49,7 +49,8 @@ describe('site configuration (DESIGN §4.2)', () => {
       AllowSocks: false,
       SshdPath: '/usr/sbin/sshd',
       PythonPath: 'python3',
-      SocketRoot: '/tmp',
+      SocketRoot: '/tmp/backhaul-hpc',
+      PrivateSocketRoot: true,
       NodeSshPort: 22,
       WaitForForwards: 600_000,
     });
@@ -100,10 +101,19 @@ Backhaul:
     ['    Reverse: { WaitForForwards: soon }\n', 'Network.SSH.Reverse.WaitForForwards'],
     ['    Reverse: { SocketRoot: "tmp" }\n', 'Network.SSH.Reverse.SocketRoot'],
     ['    Reverse: { SocketRoot: "/tmp/$(id)" }\n', 'Network.SSH.Reverse.SocketRoot'],
+    ['    Reverse: { SocketRoot: "/tmp/bh-%h" }\n', 'Network.SSH.Reverse.SocketRoot'],
+    ['    Reverse: { SocketRoot: "/tmp/bh-%" }\n', 'Network.SSH.Reverse.SocketRoot'],
     ['    Reverse: { PythonPath: "python3; rm -rf /" }\n', 'Network.SSH.Reverse.PythonPath'],
     ['    Reverse: { NodeSshPort: 70000 }\n', 'Network.SSH.Reverse.NodeSshPort'],
   ])('refuses a bad value: %j at %s', (extra, path) => {
     expect(refusal(BASE + extra).field).toBe(path);
+  });
+
+  it("makes a SocketRoot with %u the user's own, and one without it shared", () => {
+    const own = parseSiteConfigYaml(`${BASE}    Reverse: { SocketRoot: /scratch/%u/run }\n`).Network.SSH.Reverse;
+    expect(own).toMatchObject({ SocketRoot: '/scratch/hpc/run', PrivateSocketRoot: true });
+    const shared = parseSiteConfigYaml(`${BASE}    Reverse: { SocketRoot: /dev/shm }\n`).Network.SSH.Reverse;
+    expect(shared).toMatchObject({ SocketRoot: '/dev/shm', PrivateSocketRoot: false });
   });
 
   it('refuses a login host that could reach a shell', () => {

@@ -29,7 +29,12 @@ export async function checkNodeForwarding(ctx: DoctorContext): Promise<CheckResu
   const deadline = Date.now() + ctx.timeoutMs;
   const left = () => Math.max(500, deadline - Date.now());
 
-  const made = await makeTempDir(node.client, socketRoot(ctx.config), left());
+  const made = await makeTempDir(
+    node.client,
+    socketRoot(ctx.config),
+    left(),
+    ctx.config.Network.SSH.Reverse.PrivateSocketRoot,
+  );
   if ('error' in made) {
     return fail('forwarding', `no scratch dir on ${ctx.nodeName}: ${made.error}`, socketRootFix(ctx));
   }

@@ -14,9 +14,17 @@ export async function makeTempDir(
   node: Client,
   root: string,
   timeoutMs: number,
+  perUserRoot = false,
 ): Promise<{ dir: string } | { error: string }> {
   const template = `${root}/${TEMP_DIR_PREFIX}XXXXXXXX`;
-  const result = await runScript(node, `umask 077\nexec mktemp -d ${shellQuote(template)}\n`, timeoutMs, 'mktemp -d');
+  // A per-user root is made by the user's first job; doctor makes it the same way when it is not there yet.
+  const makeRoot = perUserRoot ? `mkdir -m 700 ${shellQuote(root)} 2>/dev/null || :\n` : '';
+  const result = await runScript(
+    node,
+    `umask 077\n${makeRoot}exec mktemp -d ${shellQuote(template)}\n`,
+    timeoutMs,
+    'mktemp -d',
+  );
   const dir = result.stdout.trim();
   const expected = new RegExp(`^${escapeRegExp(root)}/${escapeRegExp(TEMP_DIR_PREFIX)}[A-Za-z0-9]+$`);
   if (result.code !== 0 || !expected.test(dir)) {

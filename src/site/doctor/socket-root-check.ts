@@ -1,3 +1,4 @@
+import path from 'node:path';
 import { shellQuote } from '../../render/shell-quote.js';
 import { MAX_SOCKET_PATH_BYTES, socketDir, socketPath } from '../../spec/derivations.js';
 import { type CheckResult, fail, lastLines, pass } from './check-result.js';
@@ -17,10 +18,16 @@ export function longestSocketPath(root: string): string {
 export async function checkSocketRoot(ctx: DoctorContext): Promise<CheckResult> {
   const node = ctx.node;
   if (!node) throw new Error('no node connection');
-  const root = ctx.config.Network.SSH.Reverse.SocketRoot;
+  const { SocketRoot: socketRoot, PrivateSocketRoot: perUser } = ctx.config.Network.SSH.Reverse;
   const user = ctx.config.Network.SSH.User;
-  const key = `Network.SSH.Reverse.SocketRoot (${root})`;
-  const longest = longestSocketPath(root);
+  const key = `Network.SSH.Reverse.SocketRoot (${socketRoot})`;
+  const longest = longestSocketPath(socketRoot);
+  // A per-user root is made by the first job: what must be right on the node is the dir it is made in.
+  const root = perUser ? path.posix.dirname(socketRoot) : socketRoot;
+  if (perUser) {
+    const own = await checkOwnRoot(ctx, socketRoot, key);
+    if (own) return own;
+  }
   const bytes = Buffer.byteLength(longest);
   if (bytes > MAX_SOCKET_PATH_BYTES) {
     return fail(
@@ -91,5 +98,32 @@ export async function checkSocketRoot(ctx: DoctorContext): Promise<CheckResult> 
   return pass(
     'socket_root',
     `${shown} (${sticky ? 'sticky' : `owned by ${user}`}); longest socket path ${bytes} of ${MAX_SOCKET_PATH_BYTES} bytes`,
+  );
+}
+
+/** A per-user root that exists already must be the user's own and private; undefined when it is (or is not there yet). */
+async function checkOwnRoot(ctx: DoctorContext, root: string, key: string): Promise<CheckResult | undefined> {
+  const node = ctx.node;
+  if (!node) throw new Error('no node connection');
+  const user = ctx.config.Network.SSH.User;
+  const result = await runScript(
+    node.client,
+    [
+      `d=${shellQuote(root)}`,
+      'if [ ! -e "$d" ] && [ ! -L "$d" ]; then echo absent; exit 0; fi',
+      'if [ -L "$d" ]; then echo symlink; exit 0; fi',
+      'if [ ! -d "$d" ] || [ ! -O "$d" ]; then echo foreign; exit 0; fi',
+      'echo own',
+      '',
+    ].join('\n'),
+    ctx.timeoutMs,
+    `looking at ${root}`,
+  );
+  const verdict = result.stdout.trim();
+  if (result.code === 0 && (verdict === 'absent' || verdict === 'own')) return undefined;
+  return fail(
+    'socket_root',
+    `${root} on ${ctx.nodeName} ${verdict === 'symlink' ? 'is a symbolic link' : verdict === 'foreign' ? `is not a directory owned by ${user}` : `cannot be looked at: ${lastLines(result.stderr)}`}: every job of ${user} on this node will refuse it`,
+    `remove ${root} on ${ctx.nodeName} (another user may have made it to intercept the forwards), or set ${key} elsewhere`,
   );
 }

@@ -56,7 +56,12 @@ export async function checkUserspaceSshd(ctx: DoctorContext): Promise<CheckResul
     );
   }
 
-  const made = await makeTempDir(node.client, socketRoot(ctx.config), left());
+  const made = await makeTempDir(
+    node.client,
+    socketRoot(ctx.config),
+    left(),
+    ctx.config.Network.SSH.Reverse.PrivateSocketRoot,
+  );
   if ('error' in made) {
     return fail('forwarding', `no scratch dir on ${nodeName}: ${made.error}`, socketRootFix(ctx));
   }
