@@ -105,7 +105,10 @@ export const kubernetesSchema = z.strictObject({
    */
   NamespaceLabel: z
     .string()
-    .regex(NAMESPACE_LABEL, 'expected a label as key=value (e.g. interlink.eu/backhaul=enabled), or "" for every namespace')
+    .regex(
+      NAMESPACE_LABEL,
+      'expected a label as key=value (e.g. interlink.eu/backhaul=enabled), or "" for every namespace',
+    )
     .default('interlink.eu/backhaul=enabled'),
   /**
    * Refuse a forward that the cluster's NetworkPolicies would refuse to a pod of the offloaded pod's
