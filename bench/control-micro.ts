@@ -25,6 +25,7 @@ import {
   restorePod,
   startPod,
 } from '../src/machines/pod-machine.js';
+import { NO_CLUSTER_CHECKS } from '../src/sandbox/loopback-site.js';
 import { parseSiteConfig } from '../src/spec/site-config.js';
 import { createRedis } from '../src/store/redis.js';
 import { preloadScripts } from '../src/store/scripts.js';
@@ -51,7 +52,7 @@ export const benchConfig = (url: string) =>
         Reverse: { Enabled: true },
       },
     },
-    Backhaul: { Redis: { URL: url }, PhaseTimeout: '30m' },
+    Backhaul: { Redis: { URL: url }, PhaseTimeout: '30m', Kubernetes: NO_CLUSTER_CHECKS },
   });
 
 /** The events of one pod's healthy lifecycle after POD_UPSERT (8 of them; POD_UPSERT makes the 9th). */

@@ -36,7 +36,7 @@ import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { createRedis } from '../src/store/redis.js';
 import { type RunningFleet, startFleet } from '../src/workers/fleet.js';
 import { sendEvent } from '../src/workers/queues.js';
-import { LOOPBACK_ENDPOINT_POLICY, startLoopbackSite } from '../test/fixtures/loopback-site.js';
+import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS, startLoopbackSite } from '../test/fixtures/loopback-site.js';
 import { echoServer, jobScript, planFor } from '../test/fixtures/shadow-harness.js';
 import { sbatch } from '../test/fixtures/slurm.js';
 import { descendantsOf } from '../test/fixtures/sshd.js';
@@ -100,6 +100,7 @@ const configData = {
   },
   Backhaul: {
     EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
+    Kubernetes: NO_CLUSTER_CHECKS,
     Redis: { URL: URL_ },
     SessionCapacity: N + WARM + 10,
     PhaseTimeout: '10m',

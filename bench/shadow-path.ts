@@ -9,7 +9,7 @@ import { readFileSync } from 'node:fs';
 import { chown, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { LOOPBACK_ENDPOINT_POLICY } from '../src/sandbox/loopback-site.js';
+import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../src/sandbox/loopback-site.js';
 import { parseSiteConfig } from '../src/spec/site-config.js';
 import { dialRulesOf } from '../src/ssh/endpoint-dial.js';
 import { type ShadowPhase, ShadowSession, type ShadowSessionOptions } from '../src/ssh/shadow-session.js';
@@ -43,6 +43,7 @@ export async function startShadowHost(site: LoopbackSite, threads: number): Prom
     },
     Backhaul: {
       EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
+      Kubernetes: NO_CLUSTER_CHECKS,
       KeepaliveInterval: '2s',
       TunnelThreads: threads,
     },

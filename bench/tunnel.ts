@@ -3,7 +3,7 @@ import { chmodSync, chownSync, readFileSync } from 'node:fs';
 import { copyFile, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { LOOPBACK_ENDPOINT_POLICY } from '../src/sandbox/loopback-site.js';
+import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../src/sandbox/loopback-site.js';
 import { parseSiteConfig } from '../src/spec/site-config.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { autoTunnelThreads } from '../src/ssh/tunnel-threads.js';
@@ -521,6 +521,7 @@ async function main(): Promise<void> {
       Network: { SSH: { ...site.siteConfig.Network.SSH } },
       Backhaul: {
         EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
+        Kubernetes: NO_CLUSTER_CHECKS,
         KeepaliveInterval: '2s',
       },
     });

@@ -24,12 +24,16 @@ import { isSpecError, SpecError } from '../spec/spec-error.js';
  *   job's prelude was rendered from them (the virtual kubelet submits it at creation), so a new value
  *   would describe forwards the job's relay does not serve.
  *
+ * - `not-enabled`: for namespaces without the opt-in label (the manifest's namespaceSelector says so, so
+ *   no API call is needed): a new pod that asks for reverse forwards is refused, saying how to opt in.
+ *   Without it the pod would be admitted unmutated and wait for forwards that never come.
+ *
  * Pods without reverse annotations, other kinds and other operations are allowed untouched.
  */
 
 export const ADMISSION_API_VERSION = 'admission.k8s.io/v1';
 
-export type AdmissionMode = 'mutate' | 'validate';
+export type AdmissionMode = 'mutate' | 'validate' | 'not-enabled';
 
 export interface AdmissionResponse {
   uid: string;
@@ -126,6 +130,23 @@ function validateUpdate(
   }
 }
 
+function notEnabled(
+  namespace: string,
+  config: SiteConfig,
+  respond: (response: Omit<AdmissionResponse, 'uid'>) => AdmissionReviewResponse,
+): AdmissionReviewResponse {
+  const label = config.Backhaul.Kubernetes.NamespaceLabel;
+  if (label === '') return respond({ allowed: true }); // the site serves every namespace
+  return respond({
+    allowed: false,
+    status: {
+      code: 403,
+      reason: 'Forbidden',
+      message: `the pod asks for reverse forwards (interlink.eu/reverse-*), but namespace ${namespace} has not opted in to them: an admin labels it with kubectl label namespace ${namespace} ${label} (Backhaul.Kubernetes.NamespaceLabel); until then its pods get no tunnel`,
+    },
+  });
+}
+
 function describe(value: string | undefined): string {
   if (value === undefined) return 'unset';
   return value.length > 60 ? `${JSON.stringify(value.slice(0, 57))}…` : JSON.stringify(value);
@@ -152,6 +173,8 @@ export function admit(review: unknown, mode: AdmissionMode, config: SiteConfig):
   try {
     const annotations = annotationsOf(pod);
     if (!annotations || !hasReverseAnnotations(annotations)) return respond({ allowed: true });
+    if (mode === 'not-enabled')
+      return notEnabled(request.namespace || pod.metadata?.namespace || 'default', config, respond);
     const reverse = config.Network.SSH.Reverse;
     const parsed = parseReverseRequest(
       annotations,

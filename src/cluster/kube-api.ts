@@ -4,16 +4,37 @@ import type { KubernetesConfig } from '../spec/site-config.js';
 import { SpecError } from '../spec/spec-error.js';
 
 /**
- * Every call backhaul makes to the Kubernetes API, by resource (all in the core group ""). This is the
- * one place it is written down: the watcher and the Event recorder name their calls from it, and
+ * Every call backhaul makes to the Kubernetes API, by resource. This is the one place it is written
+ * down: the watcher, the cluster gate and the Event recorder name their calls from it, and
  * deploy/rbac.yaml grants exactly these rules (test/unit/kube-manifests.test.ts compares the two).
  */
 export const KUBE_API_ACCESS = {
-  /** The watcher lists and watches pods, and reads one pod to confirm it is gone before tearing down. */
+  /**
+   * The watcher lists and watches pods, and reads one pod to confirm it is gone before tearing down;
+   * the cluster gate reads the pods behind a Service (their labels, for NetworkPolicies).
+   */
   pods: ['get', 'list', 'watch'],
   /** The recorder creates Events and patches their count when they repeat. */
   events: ['create', 'patch'],
+  /** The cluster gate: a pod's namespace carries the opt-in label; labels for namespaceSelectors. */
+  namespaces: ['get'],
+  /** The cluster gate: the Service a forward names, its ports and selector. */
+  services: ['get'],
+  /** The cluster gate: the Service's endpoints and the pods behind them. */
+  endpointslices: ['list'],
+  /** The cluster gate: the policies of the pod's namespace and of the endpoints'. */
+  networkpolicies: ['list'],
 } as const;
+
+/** The API group of each resource above (RBAC rules name it). */
+export const KUBE_API_GROUP: Record<keyof typeof KUBE_API_ACCESS, string> = {
+  pods: '',
+  events: '',
+  namespaces: '',
+  services: '',
+  endpointslices: 'discovery.k8s.io',
+  networkpolicies: 'networking.k8s.io',
+};
 
 export type KubeResource = keyof typeof KUBE_API_ACCESS;
 export type KubeVerb<R extends KubeResource> = (typeof KUBE_API_ACCESS)[R][number];

@@ -14,6 +14,8 @@ export interface WatchedPod {
   resourceVersion: string;
   /** Only the annotations the machine reads (RELEVANT_ANNOTATIONS). */
   annotations: Record<string, string>;
+  /** For NetworkPolicies (the cluster gate): the policies that apply to a pod select it by these. */
+  labels: Record<string, string>;
   /** Whether slurm-job.vk.io/pre-exec holds a backhaul prelude (the webhook ran). */
   hasPrelude: boolean;
   phase: string | undefined;
@@ -32,6 +34,7 @@ interface PodLike {
     name?: unknown;
     resourceVersion?: unknown;
     annotations?: unknown;
+    labels?: unknown;
     deletionTimestamp?: unknown;
   };
   spec?: { nodeName?: unknown };
@@ -47,6 +50,13 @@ export function relevantAnnotations(annotations: Readonly<Record<string, unknown
     if (typeof value === 'string') kept[key] = value;
   }
   return kept;
+}
+
+function stringMap(value: unknown): Record<string, string> {
+  if (typeof value !== 'object' || value === null) return {};
+  return Object.fromEntries(
+    Object.entries(value).filter((entry): entry is [string, string] => typeof entry[1] === 'string'),
+  );
 }
 
 /** A pod object from the API; undefined when it lacks a uid, namespace or name. */
@@ -70,6 +80,7 @@ export function podFromObject(object: unknown): WatchedPod | undefined {
     nodeName: text(pod.spec?.nodeName),
     resourceVersion: text(meta.resourceVersion) ?? '',
     annotations: relevantAnnotations(raw),
+    labels: stringMap(meta.labels),
     hasPrelude: typeof preExec === 'string' && PRELUDE_LINE.test(preExec),
     phase: text(pod.status?.phase),
     terminating: meta.deletionTimestamp !== undefined && meta.deletionTimestamp !== null,

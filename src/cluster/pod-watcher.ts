@@ -3,9 +3,11 @@ import { CoreV1Api, type KubeConfig, type V1PodList, Watch } from '@kubernetes/c
 import type { Logger } from '../log.js';
 import { type PodEvent, restorePod } from '../machines/pod-machine.js';
 import { ANNOTATION } from '../spec/annotations.js';
+import { CLUSTER_VERDICT, type ClusterVerdict, clusterChecksOn, formatVerdict } from '../spec/cluster-verdict.js';
 import type { KubernetesConfig } from '../spec/site-config.js';
 import type { StoredPod } from '../store/snapshot-store.js';
 import type { FleetDeps } from '../workers/fleet-deps.js';
+import { ClusterGate } from './cluster-gate.js';
 import type { EventRecorder } from './event-recorder.js';
 import { describeKubeError, kubeCall, statusCodeOf } from './kube-api.js';
 import {
@@ -28,6 +30,8 @@ export interface PodWatcherOptions {
   watchTimeoutSeconds?: number;
   /** Page size of lists. */
   listLimit?: number;
+  /** How long the cluster gate keeps namespaces and NetworkPolicies it read (default CLUSTER_CACHE_MS). */
+  clusterCacheMs?: number;
   /** Warning Events (a pod whose pre-exec lacks the prelude); none when undefined. */
   recorder?: EventRecorder;
 }
@@ -82,6 +86,10 @@ export class PodWatcher {
   private readonly resyncMs: number;
   private readonly backoffBaseMs: number;
   private readonly backoffMaxMs: number;
+  /** Namespace label and NetworkPolicies (Backhaul.Kubernetes); none when the site turns both off. */
+  private readonly gate: ClusterGate | undefined;
+  /** uid → the refusal last recorded as an Event (each refusal is recorded once). */
+  private readonly refusals = new Map<string, string>();
 
   constructor(
     private readonly deps: FleetDeps,
@@ -98,6 +106,9 @@ export class PodWatcher {
     this.resyncMs = opts.resyncMs ?? cfg.ResyncInterval;
     this.backoffBaseMs = opts.backoffBaseMs ?? 500;
     this.backoffMaxMs = opts.backoffMaxMs ?? 30_000;
+    this.gate = clusterChecksOn(cfg)
+      ? new ClusterGate(kubeConfig, deps.config, deps.now, opts.clusterCacheMs)
+      : undefined;
   }
 
   /** Starts the streams; resolves at once (see `synced` and `whenSynced`). */
@@ -411,16 +422,44 @@ export class PodWatcher {
     return next;
   }
 
-  /** A live pod: make sure its machine exists and knows its current annotations. */
-  private async onLive(pod: WatchedPod): Promise<void> {
+  /** A live pod: make sure its machine exists and knows its current annotations and cluster verdict. */
+  private async onLive(watched: WatchedPod): Promise<void> {
+    const { pod, verdict } = await this.withVerdict(watched);
     const fingerprint = podFingerprint(pod);
     if (this.sent.get(pod.uid) === fingerprint) return;
-    if (await this.upToDate(pod)) {
-      this.sent.set(pod.uid, fingerprint);
+    const stored = await this.deps.store.load(pod.uid);
+    if (!(await this.upToDate(pod, stored))) await this.sendUpsert(pod);
+    if (verdict && !verdict.ok) await this.refuse(pod, verdict.why, stored);
+    this.sent.set(pod.uid, fingerprint);
+  }
+
+  /**
+   * The pod as its machine is told of it: with the cluster gate's verdict among its annotations (a key
+   * no pod can set: only RELEVANT_ANNOTATIONS are kept from the pod). The validate step requires it.
+   */
+  private async withVerdict(pod: WatchedPod): Promise<{ pod: WatchedPod; verdict?: ClusterVerdict }> {
+    if (!this.gate) return { pod };
+    const verdict = await this.gate.verdict(pod);
+    return { pod: { ...pod, annotations: { ...pod.annotations, [CLUSTER_VERDICT]: formatVerdict(verdict) } }, verdict };
+  }
+
+  /**
+   * A pod the cluster refuses: a Warning Event on it (once per refusal), and a machine that already
+   * serves it (the namespace lost its label, a NetworkPolicy appeared) is torn down. A new machine fails
+   * in its validate step with the same words.
+   */
+  private async refuse(pod: WatchedPod, why: string, stored: StoredPod | null): Promise<void> {
+    if (this.refusals.get(pod.uid) !== why) {
+      this.refusals.set(pod.uid, why);
+      this.log.warn({ uid: pod.uid, pod: `${pod.namespace}/${pod.name}`, why }, 'pod refused by the cluster');
+      this.opts.recorder?.record(pod, 'Warning', 'ReverseRefused', why);
+    }
+    if (!stored || stored.state === 'validating' || stored.state === 'failed' || stored.state === 'done') return;
+    const restored = restorePod(stored.snapshot);
+    if (!restored.ok || restored.snapshot.context.podDeleted || restored.snapshot.context.teardownReason !== null) {
       return;
     }
-    await this.sendUpsert(pod);
-    this.sent.set(pod.uid, fingerprint);
+    await this.sendGone(pod.uid, pod, { kind: 'gone', event: 'TEARDOWN', reason: 'refused-by-cluster' });
   }
 
   /**
@@ -475,6 +514,7 @@ export class PodWatcher {
     }
     this.sent.set(uid, 'gone');
     this.warned.delete(uid);
+    this.refusals.delete(uid);
   }
 
   private async sendGone(uid: string, pod: Pick<WatchedPod, 'namespace' | 'name'>, gone: GoneEvent): Promise<void> {
@@ -514,15 +554,16 @@ export class PodWatcher {
     let ended = 0;
     const livePods = [...live.values()];
     const stored = await this.deps.store.loadMany(livePods.map((p) => p.uid));
-    for (const [i, pod] of livePods.entries()) {
+    for (const [i, watched] of livePods.entries()) {
       if (this.stopped) return;
-      if (await this.upToDate(pod, stored[i] ?? null)) {
-        this.sent.set(pod.uid, podFingerprint(pod));
-        continue;
+      const { pod, verdict } = await this.withVerdict(watched);
+      const record = stored[i] ?? null;
+      if (!(await this.upToDate(pod, record))) {
+        await this.sendUpsert(pod);
+        upserts += 1;
       }
-      await this.sendUpsert(pod);
+      if (verdict && !verdict.ok) await this.refuse(pod, verdict.why, record);
       this.sent.set(pod.uid, podFingerprint(pod));
-      upserts += 1;
     }
     const uids = await this.deps.store.list();
     const records = await this.deps.store.loadMany(uids.filter((uid) => !live.has(uid)));

@@ -24,7 +24,11 @@ export interface WebhookServerOptions {
 /** AdmissionReviews are a pod and some metadata; the API server caps objects at about 1.5 MiB. */
 const MAX_BODY = 4 * 1024 * 1024;
 
-const PATHS: Record<string, AdmissionMode> = { '/mutate': 'mutate', '/validate': 'validate' };
+const PATHS: Record<string, AdmissionMode> = {
+  '/mutate': 'mutate',
+  '/validate': 'validate',
+  '/validate-not-enabled': 'not-enabled',
+};
 
 interface KeyPair {
   cert: Buffer;
@@ -179,7 +183,9 @@ export class WebhookServer {
     }
     const mode = PATHS[path];
     if (!mode) {
-      send(res, 404, { error: `no such path ${path}; the webhook serves POST /mutate and POST /validate` });
+      send(res, 404, {
+        error: `no such path ${path}; the webhook serves POST /mutate, /validate and /validate-not-enabled`,
+      });
       return;
     }
     if (req.method !== 'POST') {

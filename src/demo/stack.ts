@@ -8,6 +8,7 @@ import { renderSessionPlan, type SessionPlan } from '../render/session-plan.js';
 import {
   LOOPBACK_ENDPOINT_POLICY,
   type LoopbackSite,
+  NO_CLUSTER_CHECKS,
   type NodeForwarding,
   startLoopbackSite,
 } from '../sandbox/loopback-site.js';
@@ -88,6 +89,7 @@ export function demoConfigData(setup: FleetSetup): Record<string, unknown> {
     },
     Backhaul: {
       EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
+      Kubernetes: NO_CLUSTER_CHECKS,
       Redis: { URL: setup.redisUrl },
       // KeepaliveInterval stays at its default (2 s): an srun carrier on a busy machine can hold a
       // keepalive reply back behind a few MiB of data for longer than 1 s x 2.

@@ -46,6 +46,11 @@ export interface LoopbackSiteOptions {
  * endpoint policy must name loopback, which it never opens otherwise.
  */
 export const LOOPBACK_ENDPOINT_POLICY = { Allow: { CIDRs: ['127.0.0.0/8'] } };
+/**
+ * A site without a cluster (the demo, the fleet's tests: pods are sent to the control role directly):
+ * no namespace to label, no NetworkPolicies to read, so the cluster checks are off.
+ */
+export const NO_CLUSTER_CHECKS = { NamespaceLabel: '', NetworkPolicies: false } as const;
 
 export interface LoopbackSiteConfig {
   Network: {
@@ -63,7 +68,7 @@ export interface LoopbackSiteConfig {
       };
     };
   };
-  Backhaul: { EndpointPolicy: typeof LOOPBACK_ENDPOINT_POLICY };
+  Backhaul: { EndpointPolicy: typeof LOOPBACK_ENDPOINT_POLICY; Kubernetes: typeof NO_CLUSTER_CHECKS };
 }
 
 export interface LoopbackSite {
@@ -201,7 +206,7 @@ export async function startLoopbackSite(options: LoopbackSiteOptions = {}): Prom
           Reverse: { Enabled: true, Sshd: 'node', NodeExec: 'ssh', NodeSshPort: node.port },
         },
       },
-      Backhaul: { EndpointPolicy: LOOPBACK_ENDPOINT_POLICY },
+      Backhaul: { EndpointPolicy: LOOPBACK_ENDPOINT_POLICY, Kubernetes: NO_CLUSTER_CHECKS },
     };
     const siteConfigYaml = toYaml(siteConfig);
     const siteConfigPath = path.join(dir, 'site.yaml');

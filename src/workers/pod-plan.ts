@@ -1,6 +1,7 @@
 import type { PodContext } from '../machines/pod-machine.js';
 import { renderSessionPlan, type SessionPlan } from '../render/session-plan.js';
 import { ANNOTATION } from '../spec/annotations.js';
+import { requireClusterVerdict } from '../spec/cluster-verdict.js';
 import { parseReverseRequest, type ReverseRequest, requestContext } from '../spec/reverse-request.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { SpecError } from '../spec/spec-error.js';
@@ -8,6 +9,8 @@ import { SpecError } from '../spec/spec-error.js';
 /** The pod's request, validated against the site (throws SpecError for bad input). */
 export function requestOf(context: PodContext, config: SiteConfig): ReverseRequest {
   const request = parseReverseRequest(context.annotations, requestContext(config, context.namespace));
+  // The namespace opt-in and NetworkPolicies, as the watch role found them (src/spec/cluster-verdict.ts).
+  if (request) requireClusterVerdict(context.annotations, config.Backhaul.Kubernetes, context.namespace);
   if (!request) {
     // Bad input, not a transient error: running the step again cannot add the annotation.
     throw new SpecError(

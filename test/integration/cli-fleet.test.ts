@@ -7,7 +7,7 @@ import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stringify as toYaml } from 'yaml';
 import type { SessionPlan } from '../../src/render/session-plan.js';
-import { LOOPBACK_ENDPOINT_POLICY } from '../../src/sandbox/loopback-site.js';
+import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../src/sandbox/loopback-site.js';
 import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
 import type { RunningFleet } from '../../src/workers/fleet.js';
 import { jobIds } from '../../src/workers/queues.js';
@@ -75,6 +75,7 @@ function rawConfig(site: LoopbackSite, redisUrl: string, reverse: Record<string,
     },
     Backhaul: {
       EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
+      Kubernetes: NO_CLUSTER_CHECKS,
       Redis: { URL: redisUrl },
       KeepaliveInterval: '1s',
       SocketCheckInterval: '1s',

@@ -3,7 +3,7 @@ import type { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/log.js';
 import type { PodAction, PodEvent } from '../../src/machines/pod-machine.js';
-import { LOOPBACK_ENDPOINT_POLICY } from '../../src/sandbox/loopback-site.js';
+import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../src/sandbox/loopback-site.js';
 import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
 import { runEffects } from '../../src/workers/effects.js';
 import type { RunningFleet } from '../../src/workers/fleet.js';
@@ -46,6 +46,7 @@ function siteConfig(site: LoopbackSite, redisUrl: string): SiteConfig {
     },
     Backhaul: {
       EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
+      Kubernetes: NO_CLUSTER_CHECKS,
       Redis: { URL: redisUrl },
       KeepaliveInterval: '1s',
       SocketCheckInterval: '1s',

@@ -3,7 +3,7 @@ import type { Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { registry } from '../../src/metrics/fleet-metrics.js';
-import { LOOPBACK_ENDPOINT_POLICY } from '../../src/sandbox/loopback-site.js';
+import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../src/sandbox/loopback-site.js';
 import { parseSiteConfig } from '../../src/spec/site-config.js';
 import type { RunningFleet } from '../../src/workers/fleet.js';
 import { inProcessFleet, privateRedis, upsert, waitForPodState } from '../fixtures/fleet-harness.js';
@@ -41,6 +41,7 @@ describe('the fleet (control + session roles) on the loopback site', () => {
       },
       Backhaul: {
         EndpointPolicy: LOOPBACK_ENDPOINT_POLICY,
+        Kubernetes: NO_CLUSTER_CHECKS,
         Redis: { URL: redis.url },
         KeepaliveInterval: '2s',
         SocketCheckInterval: '1s',

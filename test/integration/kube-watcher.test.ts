@@ -328,6 +328,8 @@ describe('the watch role in the fleet', () => {
           },
         }),
       );
+      // The default site checks the namespace's opt-in label and the NetworkPolicies (none here).
+      kube.api.putNamespace(NS, { 'interlink.eu/backhaul': 'enabled' });
       kube.api.createPod(reversePod('cli-pod'));
       const uid = kube.api.schedule(NS, 'cli-pod', VIRTUAL_NODE).metadata.uid;
       const argv = ['worker', '--roles', 'control,watch', '--config', configFile, '--redis', redis.url];

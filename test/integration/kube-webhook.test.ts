@@ -99,7 +99,7 @@ describe('admission webhook over HTTPS', () => {
   let cert: PemPair & { serial: string };
   let certDir: string;
   let webhook: WebhookServer;
-  const site = kubeSite('redis://127.0.0.1:6379/11', '/unused');
+  const site = kubeSite('redis://127.0.0.1:6379/11', '/unused', { NamespaceLabel: 'interlink.eu/backhaul=enabled' });
 
   const review = async (doc: unknown, path = '/mutate') => {
     const reply = await call(webhook.port, ca.cert, 'POST', path, doc);
@@ -182,6 +182,14 @@ describe('admission webhook over HTTPS', () => {
     const validate = await review(podReview({ [FWD]: MINIO }), '/validate');
     expect(validate.response.allowed).toBe(false);
     expect(validate.response.status?.message).toContain('no backhaul prelude');
+  });
+
+  it('refuses reverse forwards on /validate-not-enabled (namespaces without the opt-in label)', async () => {
+    const refused = await review(podReview({ [FWD]: MINIO }, { namespace: 'quiet' }), '/validate-not-enabled');
+    expect(refused.response.allowed).toBe(false);
+    expect(refused.response.status?.message).toContain('namespace quiet has not opted in');
+    const plain = await review(podReview({}, { namespace: 'quiet' }), '/validate-not-enabled');
+    expect(plain.response.allowed).toBe(true);
   });
 
   it('admits SOCKS with a warning', async () => {

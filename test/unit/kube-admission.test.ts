@@ -322,3 +322,23 @@ describe('admission: updates of a pod that exists', () => {
     expect(message).toContain('delete the pod and create it again');
   });
 });
+
+describe('admission: namespaces that have not opted in (/validate-not-enabled)', () => {
+  it('refuses a new pod that asks for reverse forwards, saying how to opt in', () => {
+    const response = admit(podReview({ [FWD]: MINIO }, { namespace: 'quiet' }), 'not-enabled', SITE).response;
+    expect(response).toMatchObject({ allowed: false, status: { code: 403, reason: 'Forbidden' } });
+    expect(response.status?.message).toBe(
+      'the pod asks for reverse forwards (interlink.eu/reverse-*), but namespace quiet has not opted in to them: an admin labels it with kubectl label namespace quiet interlink.eu/backhaul=enabled (Backhaul.Kubernetes.NamespaceLabel); until then its pods get no tunnel',
+    );
+  });
+
+  it('lets every other pod through, and everything when the site serves every namespace', () => {
+    expect(admit(podReview({}, { namespace: 'quiet' }), 'not-enabled', SITE).response.allowed).toBe(true);
+    expect(admit(podReview(undefined, { namespace: 'quiet' }), 'not-enabled', SITE).response.allowed).toBe(true);
+    const open = {
+      ...SITE,
+      Backhaul: { ...SITE.Backhaul, Kubernetes: { ...SITE.Backhaul.Kubernetes, NamespaceLabel: '' } },
+    };
+    expect(admit(podReview({ [FWD]: MINIO }, { namespace: 'quiet' }), 'not-enabled', open).response.allowed).toBe(true);
+  });
+});

@@ -262,6 +262,8 @@ describe('Backhaul.Kubernetes configuration keys', () => {
     expect(k).toEqual({
       VirtualNodes: [],
       ResyncInterval: 300_000,
+      NamespaceLabel: 'interlink.eu/backhaul=enabled',
+      NetworkPolicies: true,
       RecordEvents: true,
       Webhook: {
         Address: '0.0.0.0',
@@ -278,6 +280,9 @@ describe('Backhaul.Kubernetes configuration keys', () => {
     [{ Namespace: 'Not A Namespace' }, 'Backhaul.Kubernetes.Namespace'],
     [{ Webhook: { Port: 0 } }, 'Backhaul.Kubernetes.Webhook.Port'],
     [{ ResyncInterval: 'soon' }, 'Backhaul.Kubernetes.ResyncInterval'],
+    [{ NamespaceLabel: 'interlink.eu/backhaul' }, 'Backhaul.Kubernetes.NamespaceLabel'],
+    [{ NamespaceLabel: 'a=b=c' }, 'Backhaul.Kubernetes.NamespaceLabel'],
+    [{ NamespaceLabel: 'x=$(id)' }, 'Backhaul.Kubernetes.NamespaceLabel'],
     [{ NodeSelector: 'x=y' }, 'Backhaul.Kubernetes.NodeSelector'],
   ])('refuses %j naming %s', (kubernetes, path) => {
     expect(() => parseSiteConfig({ ...base, Backhaul: { Kubernetes: kubernetes } })).toThrow(path);

@@ -17,7 +17,7 @@ import {
 } from '@kubernetes/client-node';
 import { describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
-import { KUBE_API_ACCESS } from '../../src/cluster/kube-api.js';
+import { KUBE_API_ACCESS, KUBE_API_GROUP } from '../../src/cluster/kube-api.js';
 import { parseSiteConfigYaml } from '../../src/spec/site-config.js';
 
 const DEPLOY = join(import.meta.dirname, '../../deploy');
@@ -156,24 +156,26 @@ describe('deploy/: every manifest loads with the client library', () => {
 describe('deploy/: RBAC is exactly what the code calls', () => {
   const roles = loaded.filter((l) => l.obj.kind === 'ClusterRole' || l.obj.kind === 'Role');
 
-  it('grants the fleet exactly KUBE_API_ACCESS, in the core group, without wildcards', () => {
+  it('grants the fleet exactly KUBE_API_ACCESS, each in its API group, without wildcards', () => {
     expect(roles).toHaveLength(1);
     const role = find<V1ClusterRole>('ClusterRole', 'backhaul-fleet');
     const granted = new Set<string>();
     for (const rule of role.rules ?? []) {
-      expect(rule.apiGroups).toEqual(['']);
+      expect(rule.apiGroups, JSON.stringify(rule)).toHaveLength(1);
       expect(rule.resourceNames).toBeUndefined();
       expect(rule.nonResourceURLs).toBeUndefined();
       for (const resource of rule.resources ?? []) {
         for (const verb of rule.verbs) {
           expect(resource).not.toBe('*');
           expect(verb).not.toBe('*');
-          granted.add(`${resource}.${verb}`);
+          granted.add(`${rule.apiGroups?.[0]}/${resource}.${verb}`);
         }
       }
     }
     const used = new Set(
-      Object.entries(KUBE_API_ACCESS).flatMap(([resource, verbs]) => verbs.map((v) => `${resource}.${v}`)),
+      Object.entries(KUBE_API_ACCESS).flatMap(([resource, verbs]) =>
+        verbs.map((v) => `${KUBE_API_GROUP[resource as keyof typeof KUBE_API_ACCESS]}/${resource}.${v}`),
+      ),
     );
     expect([...granted].sort()).toEqual([...used].sort());
   });
@@ -317,6 +319,26 @@ describe('deploy/: the admission webhook configurations', () => {
 
   it('reinvokes the mutation if a later webhook changes the pod (the patch is idempotent)', () => {
     expect(mutating.webhooks?.[0]?.reinvocationPolicy).toBe('IfNeeded');
+  });
+
+  it('refuses reverse forwards in the other namespaces, without ever blocking their other pods', () => {
+    const refusing = find<V1ValidatingWebhookConfiguration>('ValidatingWebhookConfiguration', 'backhaul-not-enabled');
+    const [hook, ...more] = refusing.webhooks ?? [];
+    expect(more).toEqual([]);
+    expect(hook?.clientConfig.service?.path).toBe('/validate-not-enabled');
+    expect(hook?.clientConfig.service?.name).toBe(service.metadata?.name);
+    // The complement of the other webhooks' namespaceSelector: NotIn also matches a missing label.
+    expect(hook?.namespaceSelector).toEqual({
+      matchExpressions: [{ key: 'interlink.eu/backhaul', operator: 'NotIn', values: ['enabled'] }],
+    });
+    expect(hook?.failurePolicy).toBe('Ignore');
+    expect(hook?.sideEffects).toBe('None');
+    expect(hook?.rules).toEqual([
+      { operations: ['CREATE'], apiGroups: [''], apiVersions: ['v1'], resources: ['pods'], scope: 'Namespaced' },
+    ]);
+    expect(hook?.matchConditions?.map((c) => c.expression)).toEqual([
+      "has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('interlink.eu/reverse-'))",
+    ]);
   });
 });
 

@@ -1,0 +1,248 @@
+import { isIPv4 } from 'node:net';
+import {
+  CoreV1Api,
+  DiscoveryV1Api,
+  type KubeConfig,
+  NetworkingV1Api,
+  type V1EndpointSlice,
+  type V1NetworkPolicy,
+  type V1Pod,
+  type V1Service,
+} from '@kubernetes/client-node';
+import type { ClusterVerdict } from '../spec/cluster-verdict.js';
+import { parseReverseRequest, requestContext } from '../spec/reverse-request.js';
+import type { SiteConfig } from '../spec/site-config.js';
+import { kubeCall, statusCodeOf } from './kube-api.js';
+import {
+  type DestinationPod,
+  evaluateNetworkPolicies,
+  type PolicyDestination,
+  type PolicyWorld,
+} from './network-policy-eval.js';
+
+/** The pod as the gate needs it. */
+export interface GatedPod {
+  namespace: string;
+  labels: Readonly<Record<string, string>>;
+  annotations: Readonly<Record<string, string>>;
+}
+
+type Labels = Readonly<Record<string, string>>;
+
+/** Short memories: a pod's events come in bursts, and a changed policy must be seen by the next resync. */
+export const CLUSTER_CACHE_MS = 10_000;
+
+/**
+ * What the cluster says of a pod before the fleet serves it (the watch role asks; the answer travels to
+ * the machine as CLUSTER_VERDICT): its namespace must carry the opt-in label, and no NetworkPolicy may
+ * refuse what it forwards to a pod of its namespace and labels. Reads Namespaces, Services,
+ * EndpointSlices, Pods and NetworkPolicies (the RBAC of KUBE_API_ACCESS); an API error is thrown, so
+ * the pod waits for the next try instead of being served unchecked.
+ */
+export class ClusterGate {
+  private readonly core: CoreV1Api;
+  private readonly discovery: DiscoveryV1Api;
+  private readonly networking: NetworkingV1Api;
+  private readonly namespaces: Memo<Labels | null>;
+  private readonly policies: Memo<readonly V1NetworkPolicy[]>;
+
+  constructor(
+    kubeConfig: KubeConfig,
+    private readonly config: SiteConfig,
+    private readonly now: () => number = Date.now,
+    cacheMs = CLUSTER_CACHE_MS,
+  ) {
+    this.namespaces = new Memo(cacheMs);
+    this.policies = new Memo(cacheMs);
+    this.core = kubeConfig.makeApiClient(CoreV1Api);
+    this.discovery = kubeConfig.makeApiClient(DiscoveryV1Api);
+    this.networking = kubeConfig.makeApiClient(NetworkingV1Api);
+  }
+
+  async verdict(pod: GatedPod): Promise<ClusterVerdict> {
+    const k8s = this.config.Backhaul.Kubernetes;
+    if (k8s.NamespaceLabel !== '') {
+      const [key = '', value = ''] = k8s.NamespaceLabel.split('=');
+      const labels = await this.namespaceLabels(pod.namespace);
+      if (labels?.[key] !== value) {
+        return {
+          ok: false,
+          why: `namespace ${pod.namespace} is not labelled ${k8s.NamespaceLabel}: this site serves only the namespaces that opted in (Backhaul.Kubernetes.NamespaceLabel); an admin can run: kubectl label namespace ${pod.namespace} ${k8s.NamespaceLabel}`,
+        };
+      }
+    }
+    if (k8s.NetworkPolicies) return this.networkPolicyVerdict(pod);
+    return { ok: true };
+  }
+
+  private async networkPolicyVerdict(pod: GatedPod): Promise<ClusterVerdict> {
+    let request: ReturnType<typeof parseReverseRequest>;
+    try {
+      request = parseReverseRequest(pod.annotations, requestContext(this.config, pod.namespace));
+    } catch {
+      return { ok: true }; // bad input: the validate step refuses it with its own message
+    }
+    for (const forward of request?.forwards ?? []) {
+      const destinations = await this.destinationsOf(forward.dialHost, forward.port);
+      if (destinations.length === 0) continue;
+      const world = await this.worldOf(pod.namespace, destinations);
+      const verdict = evaluateNetworkPolicies({ namespace: pod.namespace, labels: pod.labels }, destinations, world);
+      if (!verdict.allowed) {
+        return {
+          ok: false,
+          why: `forward ${forward.listenPort} to ${forward.host}:${forward.port}: ${verdict.message}`,
+        };
+      }
+    }
+    return { ok: true };
+  }
+
+  /**
+   * Where a connection to host:port can end, as NetworkPolicies see it: a Service's ready endpoints
+   * (pods, with their labels), or the Service's selector when none is ready yet; an IPv4 address as it
+   * is. Other names (outside the cluster) are resolved only when dialled: NetworkPolicies can only
+   * match them by ipBlock, which the endpoint policy's CIDRs cover.
+   */
+  private async destinationsOf(host: string, port: number): Promise<PolicyDestination[]> {
+    if (isIPv4(host)) return [{ ip: host, port, protocol: 'TCP', label: `${host}:${port}` }];
+    const service = serviceOfName(host, this.config.Backhaul.ClusterDomain);
+    if (!service) return [];
+    kubeCall('services.get');
+    const svc = await orNotFound(this.core.readNamespacedService(service));
+    const servicePort = svc?.spec?.ports?.find((p) => p.port === port && (p.protocol ?? 'TCP') === 'TCP');
+    if (!svc || !servicePort) return []; // the dial fails anyway; nothing to refuse here
+    const name = `${service.name}.${service.namespace}`;
+    kubeCall('endpointslices.list');
+    const slices = await this.discovery.listNamespacedEndpointSlice({
+      namespace: service.namespace,
+      labelSelector: `kubernetes.io/service-name=${service.name}`,
+    });
+    const pods = new Map<string, Promise<V1Pod | undefined>>();
+    const found: PolicyDestination[] = [];
+    for (const slice of slices.items) {
+      const slicePort = portOfSlice(slice, servicePort.name);
+      if (slicePort === undefined) continue;
+      for (const endpoint of slice.endpoints ?? []) {
+        if (endpoint.conditions?.ready === false) continue;
+        const ref = endpoint.targetRef?.kind === 'Pod' ? endpoint.targetRef : undefined;
+        const podName = ref?.name;
+        const podNamespace = ref?.namespace ?? service.namespace;
+        let target: DestinationPod | undefined;
+        if (podName) {
+          const key = `${podNamespace}/${podName}`;
+          if (!pods.has(key)) {
+            kubeCall('pods.get');
+            pods.set(key, orNotFound(this.core.readNamespacedPod({ namespace: podNamespace, name: podName })));
+          }
+          const object = await pods.get(key);
+          if (object) target = destinationPod(object);
+        }
+        for (const ip of endpoint.addresses) {
+          const where = target ? `pod ${target.name}, ${ip}:${slicePort}` : `${ip}:${slicePort}`;
+          found.push({
+            ip,
+            port: slicePort,
+            protocol: 'TCP',
+            ...(target ? { pod: target } : {}),
+            label: `${name} (${where})`,
+          });
+        }
+      }
+    }
+    if (found.length > 0) return found;
+    const selector = svc.spec?.selector;
+    if (!selector || Object.keys(selector).length === 0) return [];
+    // No endpoint ready yet: judge by the pods the Service selects, which have at least these labels.
+    const target = typeof servicePort.targetPort === 'number' ? servicePort.targetPort : port;
+    return [
+      {
+        ip: svc.spec?.clusterIP ?? '0.0.0.0',
+        port: target,
+        protocol: 'TCP',
+        pod: { namespace: service.namespace, name: `(selected by ${name})`, labels: selector, containerPorts: [] },
+        label: `${name} (the pods it selects; none is ready yet)`,
+      },
+    ];
+  }
+
+  private async worldOf(source: string, destinations: readonly PolicyDestination[]): Promise<PolicyWorld> {
+    const involved = new Set([source, ...destinations.flatMap((d) => (d.pod ? [d.pod.namespace] : []))]);
+    const policies = new Map<string, readonly V1NetworkPolicy[]>();
+    const namespaceLabels = new Map<string, Labels>();
+    for (const namespace of involved) {
+      policies.set(namespace, await this.policiesOf(namespace));
+      namespaceLabels.set(namespace, (await this.namespaceLabels(namespace)) ?? {});
+    }
+    return { policies, namespaceLabels };
+  }
+
+  private namespaceLabels(name: string): Promise<Labels | null> {
+    return this.namespaces.get(name, this.now(), async () => {
+      kubeCall('namespaces.get');
+      const ns = await orNotFound(this.core.readNamespace({ name }));
+      return ns ? (ns.metadata?.labels ?? {}) : null;
+    });
+  }
+
+  private policiesOf(namespace: string): Promise<readonly V1NetworkPolicy[]> {
+    return this.policies.get(namespace, this.now(), async () => {
+      kubeCall('networkpolicies.list');
+      return (await this.networking.listNamespacedNetworkPolicy({ namespace })).items;
+    });
+  }
+}
+
+/** `<service>.<namespace>.svc.<cluster domain>` (how forwards name Services once parsed), else undefined. */
+export function serviceOfName(host: string, clusterDomain: string): { name: string; namespace: string } | undefined {
+  const suffix = `.svc.${clusterDomain}`.toLowerCase();
+  const lower = host.toLowerCase().replace(/\.$/, '');
+  if (!lower.endsWith(suffix)) return undefined;
+  const parts = lower.slice(0, -suffix.length).split('.');
+  if (parts.length !== 2 || !parts[0] || !parts[1]) return undefined;
+  return { name: parts[0], namespace: parts[1] };
+}
+
+function portOfSlice(slice: V1EndpointSlice, servicePortName: string | undefined): number | undefined {
+  const entry = (slice.ports ?? []).find((p) => (p.name ?? '') === (servicePortName ?? ''));
+  return entry?.port ?? undefined;
+}
+
+function destinationPod(pod: V1Pod): DestinationPod {
+  return {
+    namespace: pod.metadata?.namespace ?? '',
+    name: pod.metadata?.name ?? '?',
+    labels: pod.metadata?.labels ?? {},
+    containerPorts: (pod.spec?.containers ?? []).flatMap((c) =>
+      (c.ports ?? []).map((p) => ({
+        containerPort: p.containerPort,
+        ...(p.name ? { name: p.name } : {}),
+        ...(p.protocol ? { protocol: p.protocol } : {}),
+      })),
+    ),
+  };
+}
+
+async function orNotFound<T extends V1Service | V1Pod | object>(call: Promise<T>): Promise<T | undefined> {
+  try {
+    return await call;
+  } catch (err) {
+    if (statusCodeOf(err) === 404) return undefined;
+    throw err;
+  }
+}
+
+/** Values read recently, by key; one read in flight per key. */
+class Memo<T> {
+  private readonly entries = new Map<string, { at: number; value: Promise<T> }>();
+
+  constructor(private readonly ttlMs: number) {}
+
+  get(key: string, now: number, read: () => Promise<T>): Promise<T> {
+    const hit = this.entries.get(key);
+    if (hit && now - hit.at < this.ttlMs) return hit.value;
+    const value = read();
+    this.entries.set(key, { at: now, value });
+    value.catch(() => this.entries.delete(key));
+    return value;
+  }
+}
