@@ -45,6 +45,9 @@ export class ClusterGate {
   private readonly networking: NetworkingV1Api;
   private readonly namespaces: Memo<Labels | null>;
   private readonly policies: Memo<readonly V1NetworkPolicy[]>;
+  private readonly services: Memo<V1Service | undefined>;
+  private readonly slices: Memo<readonly V1EndpointSlice[]>;
+  private readonly pods: Memo<V1Pod | undefined>;
 
   constructor(
     kubeConfig: KubeConfig,
@@ -54,6 +57,9 @@ export class ClusterGate {
   ) {
     this.namespaces = new Memo(cacheMs);
     this.policies = new Memo(cacheMs);
+    this.services = new Memo(cacheMs);
+    this.slices = new Memo(cacheMs);
+    this.pods = new Memo(cacheMs);
     this.core = kubeConfig.makeApiClient(CoreV1Api);
     this.discovery = kubeConfig.makeApiClient(DiscoveryV1Api);
     this.networking = kubeConfig.makeApiClient(NetworkingV1Api);
@@ -107,19 +113,23 @@ export class ClusterGate {
     if (isIPv4(host)) return [{ ip: host, port, protocol: 'TCP', label: `${host}:${port}` }];
     const service = serviceOfName(host, this.config.Backhaul.ClusterDomain);
     if (!service) return [];
-    kubeCall('services.get');
-    const svc = await orNotFound(this.core.readNamespacedService(service));
+    const svc = await this.services.get(`${service.namespace}/${service.name}`, this.now(), () => {
+      kubeCall('services.get');
+      return orNotFound(this.core.readNamespacedService(service));
+    });
     const servicePort = svc?.spec?.ports?.find((p) => p.port === port && (p.protocol ?? 'TCP') === 'TCP');
     if (!svc || !servicePort) return []; // the dial fails anyway; nothing to refuse here
     const name = `${service.name}.${service.namespace}`;
-    kubeCall('endpointslices.list');
-    const slices = await this.discovery.listNamespacedEndpointSlice({
-      namespace: service.namespace,
-      labelSelector: `kubernetes.io/service-name=${service.name}`,
+    const slices = await this.slices.get(`${service.namespace}/${service.name}`, this.now(), async () => {
+      kubeCall('endpointslices.list');
+      const list = await this.discovery.listNamespacedEndpointSlice({
+        namespace: service.namespace,
+        labelSelector: `kubernetes.io/service-name=${service.name}`,
+      });
+      return list.items;
     });
-    const pods = new Map<string, Promise<V1Pod | undefined>>();
     const found: PolicyDestination[] = [];
-    for (const slice of slices.items) {
+    for (const slice of slices) {
       const slicePort = portOfSlice(slice, servicePort.name);
       if (slicePort === undefined) continue;
       for (const endpoint of slice.endpoints ?? []) {
@@ -129,12 +139,10 @@ export class ClusterGate {
         const podNamespace = ref?.namespace ?? service.namespace;
         let target: DestinationPod | undefined;
         if (podName) {
-          const key = `${podNamespace}/${podName}`;
-          if (!pods.has(key)) {
+          const object = await this.pods.get(`${podNamespace}/${podName}`, this.now(), () => {
             kubeCall('pods.get');
-            pods.set(key, orNotFound(this.core.readNamespacedPod({ namespace: podNamespace, name: podName })));
-          }
-          const object = await pods.get(key);
+            return orNotFound(this.core.readNamespacedPod({ namespace: podNamespace, name: podName }));
+          });
           if (object) target = destinationPod(object);
         }
         for (const ip of endpoint.addresses) {
@@ -222,7 +230,7 @@ function destinationPod(pod: V1Pod): DestinationPod {
   };
 }
 
-async function orNotFound<T extends V1Service | V1Pod | object>(call: Promise<T>): Promise<T | undefined> {
+async function orNotFound<T>(call: Promise<T>): Promise<T | undefined> {
   try {
     return await call;
   } catch (err) {
@@ -231,7 +239,7 @@ async function orNotFound<T extends V1Service | V1Pod | object>(call: Promise<T>
   }
 }
 
-/** Values read recently, by key; one read in flight per key. */
+/** Values read recently, by key; one read in flight per key. Entries are dropped once stale. */
 class Memo<T> {
   private readonly entries = new Map<string, { at: number; value: Promise<T> }>();
 
@@ -240,6 +248,10 @@ class Memo<T> {
   get(key: string, now: number, read: () => Promise<T>): Promise<T> {
     const hit = this.entries.get(key);
     if (hit && now - hit.at < this.ttlMs) return hit.value;
+    // A sweep now and then keeps the map to what was read within the last TTL.
+    if (this.entries.size > 1_000) {
+      for (const [k, entry] of this.entries) if (now - entry.at >= this.ttlMs) this.entries.delete(k);
+    }
     const value = read();
     this.entries.set(key, { at: now, value });
     value.catch(() => this.entries.delete(key));

@@ -1,10 +1,10 @@
 import type { KubeConfig } from '@kubernetes/client-node';
-import type { Role } from '../workers/fleet.js';
 import type { FleetDeps } from '../workers/fleet-deps.js';
+import type { Role } from '../workers/roles.js';
 import { EventRecorder, type EventRecorderOptions } from './event-recorder.js';
 import { loadKubeConfig } from './kube-api.js';
 import { PodWatcher, type PodWatcherOptions } from './pod-watcher.js';
-import { transitionHook } from './transition-events.js';
+import { type TransitionHook, transitionHook } from './transition-events.js';
 import { WebhookServer, type WebhookServerOptions } from './webhook-server.js';
 
 export interface ClusterRoleOptions {
@@ -20,6 +20,8 @@ export interface ClusterRoles {
   webhook: WebhookServer | undefined;
   /** Records Events for the control role's transitions (and the watcher's warnings), when a cluster is known. */
   recorder: EventRecorder | undefined;
+  /** The control role's hook that records those Events (FleetDeps.onTransition); undefined without one. */
+  onTransition: TransitionHook | undefined;
   stop(): Promise<void>;
 }
 
@@ -47,7 +49,7 @@ export async function startClusterRoles(
     wantsEvents && kubeConfig
       ? EventRecorder.fromKubeConfig(kubeConfig, { ...opts.recorder, log: log.child({ part: 'events' }) })
       : undefined;
-  if (recorder && roles.includes('control')) deps.onTransition = transitionHook(recorder, log);
+  const onTransition = recorder && roles.includes('control') ? transitionHook(recorder, log) : undefined;
 
   let webhook: WebhookServer | undefined;
   if (roles.includes('webhook')) {
@@ -62,6 +64,7 @@ export async function startClusterRoles(
     watcher,
     webhook,
     recorder,
+    onTransition,
     stop: async () => {
       await Promise.all([watcher?.stop(), webhook?.close()]);
       await recorder?.flush();

@@ -230,6 +230,7 @@ export const podMachine = setup({
   },
   states: {
     validating: {
+      meta: { step: 'validate', pure: true },
       entry: { type: 'runStep', params: ({ context }) => ({ step: 'validate', generation: context.generation }) },
       on: {
         STEP_DONE: { guard: stepGuard('validate'), target: 'rendering' },
@@ -238,6 +239,7 @@ export const podMachine = setup({
     },
 
     rendering: {
+      meta: { step: 'render', pure: true },
       entry: { type: 'runStep', params: ({ context }) => ({ step: 'render', generation: context.generation }) },
       on: {
         STEP_DONE: { guard: stepGuard('render'), target: 'launchingShadow' },
@@ -246,6 +248,8 @@ export const podMachine = setup({
     },
 
     launchingShadow: {
+      tags: ['shadow'],
+      meta: { step: 'launch' },
       entry: ['beginLaunch', { type: 'runStep', params: launchStep }, ...armDeadline('launchingShadow')],
       exit: disarmDeadline,
       on: {
@@ -264,6 +268,7 @@ export const podMachine = setup({
     },
 
     waitingBatchHost: {
+      tags: ['shadow', 'shadowRunning'],
       entry: armDeadline('waitingBatchHost'),
       exit: disarmDeadline,
       on: {
@@ -281,6 +286,7 @@ export const podMachine = setup({
     },
 
     openingCarrier: {
+      tags: ['shadow', 'shadowRunning'],
       entry: armDeadline('openingCarrier'),
       exit: disarmDeadline,
       on: {
@@ -297,6 +303,7 @@ export const podMachine = setup({
     },
 
     establishingForwards: {
+      tags: ['shadow', 'shadowRunning'],
       entry: armDeadline('establishingForwards'),
       exit: disarmDeadline,
       on: {
@@ -312,6 +319,7 @@ export const podMachine = setup({
     },
 
     active: {
+      tags: ['shadow', 'shadowRunning', 'settled'],
       on: {
         SHADOW_UP: fillIn,
         BATCH_HOST: fillIn,
@@ -323,6 +331,7 @@ export const podMachine = setup({
     },
 
     tearingDown: {
+      meta: { step: 'teardown' },
       entry: { type: 'runStep', params: ({ context }) => ({ step: 'teardown', generation: context.generation }) },
       on: {
         STEP_DONE: { guard: stepGuard('teardown'), target: 'done' },
@@ -335,6 +344,7 @@ export const podMachine = setup({
     },
 
     failed: {
+      tags: ['settled'],
       on: {
         // A teardown that failed is retried as a teardown; anything else starts over.
         RETRY: [
@@ -344,9 +354,55 @@ export const podMachine = setup({
       },
     },
 
-    done: { type: 'final' },
+    done: { type: 'final', tags: ['settled'] },
   },
 });
+
+// ---- the topology, for the code outside the machine ----
+
+/**
+ * Tags of the pod states: `shadow`, a shadow of the current generation should be running (launched or
+ * reporting); `shadowRunning`, it has reported (its lease and session job can be checked); `settled`, the
+ * pod waits for nothing of its own (active, failed, done).
+ */
+export type PodTag = 'shadow' | 'shadowRunning' | 'settled';
+
+interface StateNodeView {
+  tags: readonly string[];
+  meta?: { step?: StepName; pure?: boolean };
+}
+
+const stateNodes = podMachine.states as unknown as Record<PodStateName, StateNodeView>;
+
+/** Whether a state carries a tag, read from the chart (works on stored state names). */
+export function stateHasTag(state: PodStateName, tag: PodTag): boolean {
+  return stateNodes[state]?.tags.includes(tag) ?? false;
+}
+
+/** The states with a tag. */
+export function statesTagged(tag: PodTag): ReadonlySet<PodStateName> {
+  return new Set((Object.keys(stateNodes) as PodStateName[]).filter((state) => stateHasTag(state, tag)));
+}
+
+/** The step each step state runs on entry, from the chart's `meta.step`. */
+export const STEP_OF_STATE: Readonly<Partial<Record<PodStateName, StepName>>> = Object.fromEntries(
+  (Object.keys(stateNodes) as PodStateName[]).flatMap((state) => {
+    const step = stateNodes[state].meta?.step;
+    return step ? [[state, step]] : [];
+  }),
+);
+
+/** The state a step belongs to: a step job that finds its pod in another state is stale. */
+export const STATE_OF_STEP: Readonly<Record<StepName, PodStateName>> = Object.fromEntries(
+  Object.entries(STEP_OF_STATE).map(([state, step]) => [step, state]),
+) as Record<StepName, PodStateName>;
+
+/** Steps that are pure functions of the pod and the site (`meta.pure`): the control worker runs them inline. */
+export const PURE_STEPS: ReadonlySet<StepName> = new Set(
+  (Object.keys(stateNodes) as PodStateName[]).flatMap((state) =>
+    stateNodes[state].meta?.pure ? [stateNodes[state].meta?.step ?? []].flat() : [],
+  ),
+);
 
 // ---- the pure API used by the control worker ----
 

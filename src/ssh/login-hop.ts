@@ -1,10 +1,10 @@
 import type { Duplex, Readable } from 'node:stream';
 import type { Client } from 'ssh2';
-import type { SlurmJob } from '../site/slurm-job.js';
-import { findPodJob } from '../site/slurm-queries.js';
 import { DirectTcpipError, openDirectTcpip } from './direct-tcpip.js';
 import { type ExecResult, execCapture, openExec } from './remote-exec.js';
 import { SessionError } from './session-error.js';
+import type { SlurmJob } from './slurm-job.js';
+import { findPodJob } from './slurm-queries.js';
 
 /** A command's channel on the far side, streamed: stdin and stdout as a Duplex, stderr apart. */
 export interface ExecStream {

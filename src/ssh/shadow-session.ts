@@ -11,13 +11,13 @@ import {
   WATCH_VANISHED,
 } from '../render/node-scripts.js';
 import type { SessionPlan } from '../render/session-plan.js';
-import type { SlurmJob } from '../site/slurm-job.js';
 import { type Carrier, type CarrierSite, openCarrier } from './carrier.js';
 import { type DialRules, EndpointDialer } from './endpoint-dial.js';
 import type { LoginHopLease, LoginHops } from './login-hop.js';
 import { execCapture, openExec } from './remote-exec.js';
 import { type ForwardLog, type ForwardStats, ReverseForwards } from './reverse-forwards.js';
 import { isSessionError, SessionError } from './session-error.js';
+import type { SlurmJob } from './slurm-job.js';
 import { SocksForward } from './socks-forward.js';
 
 /** The phases a shadow reports to its pod's machine (DESIGN §4.7). */

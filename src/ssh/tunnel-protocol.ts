@@ -1,11 +1,11 @@
 import type { SessionPlan } from '../render/session-plan.js';
-import type { SlurmJob } from '../site/slurm-job.js';
 import type { CarrierSite } from './carrier.js';
 import type { DialRules } from './endpoint-dial.js';
 import type { RunOptions } from './login-hop.js';
 import type { ExecResult } from './remote-exec.js';
 import type { ShadowEnd, ShadowPhase } from './shadow-session.js';
 import type { SiteAccessData } from './site-access.js';
+import type { SlurmJob } from './slurm-job.js';
 
 /**
  * The messages between a session host and its tunnel threads (tunnel-threads.ts, tunnel-thread.ts).

@@ -1,6 +1,6 @@
 import { type Job, UnrecoverableError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
-import { type PodAction, type PodEvent, parsePodEvent, type StepName } from '../machines/pod-machine.js';
+import { type PodAction, type PodEvent, PURE_STEPS, parsePodEvent, type StepName } from '../machines/pod-machine.js';
 import { countPodsWith, exhaustedSteps, ignoredEvents, steps, transitions } from '../metrics/fleet-metrics.js';
 import { DeadlineClock, type DeadlineClockOptions } from './deadline-clock.js';
 import { forgetPod, runEffects } from './effects.js';
@@ -9,7 +9,7 @@ import { OutboxSweeper, type OutboxSweeperOptions } from './outbox-sweeper.js';
 import { applyPodEvent } from './pod-events.js';
 import { type EventJobData, QUEUE_NAMES, type StepJobData, sendEvent } from './queues.js';
 import { REAPER_JOB, reap } from './reaper.js';
-import { PURE_STEPS, pureStepResult, runStep } from './step-runner.js';
+import { pureStepResult, runStep } from './step-runner.js';
 
 /**
  * Jobs a control worker runs at once. Events are short Redis round trips: many in flight keep one

@@ -39,8 +39,9 @@ export async function startFleet(
   // A webhook-only member does not touch Redis: pod admission must not depend on it.
   if (opts.roles.some((role) => role !== 'webhook')) await preloadScripts(redis);
   const hostId = opts.hostId ?? defaultHostId();
-  // First: it sets deps.onTransition before the control worker applies its first event.
+  // Before the control worker: its transitions record Events from the first one on.
   const cluster = await startClusterRoles(deps, opts.roles, opts.cluster);
+  if (cluster.onTransition) deps.onTransition = cluster.onTransition;
   let control: ControlWorker | undefined;
   let session: SessionHost | undefined;
   if (opts.roles.includes('control')) {

@@ -14,12 +14,3 @@ export async function readPod(deps: FleetDeps, uid: string): Promise<PodView | n
   if (!restored.ok) return null;
   return { state: stateOf(restored.snapshot), context: restored.snapshot.context };
 }
-
-/** States in which a shadow of the current generation should be running. */
-export const SHADOW_STATES: ReadonlySet<PodStateName> = new Set([
-  'launchingShadow',
-  'waitingBatchHost',
-  'openingCarrier',
-  'establishingForwards',
-  'active',
-]);

@@ -1,7 +1,6 @@
-import { type PodStateName, restorePod, type StepName, stateOf } from '../machines/pod-machine.js';
+import { restorePod, STEP_OF_STATE, stateHasTag, stateOf } from '../machines/pod-machine.js';
 import { forgetPod, queueStep } from './effects.js';
 import type { FleetDeps } from './fleet-deps.js';
-import { SHADOW_STATES } from './pod-reader.js';
 import { jobIds, sendEvent } from './queues.js';
 
 export const REAPER_JOB = 'bh-reaper';
@@ -10,12 +9,6 @@ export const REAPER_JOB = 'bh-reaper';
 const LEASE_GRACE_MS = 20_000;
 /** A pod that sat this long in a step's state lost its step (or the step's report): run it again. */
 const STEP_GRACE_MS = 60_000;
-
-const STEP_OF_STATE: Partial<Record<PodStateName, StepName>> = {
-  validating: 'validate',
-  rendering: 'render',
-  tearingDown: 'teardown',
-};
 
 /**
  * Level-triggered repair, run periodically: whatever an effect failed to do (a Redis hiccup between
@@ -39,13 +32,14 @@ export async function reap(deps: FleetDeps): Promise<number> {
       repaired += 1;
       continue;
     }
-    const step = STEP_OF_STATE[state];
+    // Not the launch: it waits out its backoff in its delay, and a lost shadow is handled below.
+    const step = stateHasTag(state, 'shadow') ? undefined : STEP_OF_STATE[state];
     if (step && record.updatedAt + STEP_GRACE_MS < now) {
       // The step's own id: a no-op while its job still waits or retries, run again once it has finished.
       await queueStep(deps, uid, step, context.generation);
       repaired += 1;
     }
-    if (SHADOW_STATES.has(state) && state !== 'launchingShadow' && context.generation > 0) {
+    if (stateHasTag(state, 'shadowRunning') && context.generation > 0) {
       const lease = await deps.leases.get(uid);
       const job = await deps.queues.sessions.getJob(jobIds.session(uid, context.generation));
       const jobState = job ? await job.getState() : 'missing';

@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { type Job, WaitingError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
-import type { PodEvent } from '../machines/pod-machine.js';
+import { type PodEvent, stateHasTag } from '../machines/pod-machine.js';
 import { reportTunnelLoads, sessionEnds, shadowsHeld, sshCrypto } from '../metrics/fleet-metrics.js';
 import { sshCryptoPath } from '../ssh/crypto-path.js';
 import { dialRulesOf } from '../ssh/endpoint-dial.js';
@@ -10,7 +10,7 @@ import { ShadowSession, type ShadowSessionOptions } from '../ssh/shadow-session.
 import { openSiteAccess, type SiteAccess } from '../ssh/site-access.js';
 import { autoTunnelThreads, type Shadow, TunnelThreads } from '../ssh/tunnel-threads.js';
 import type { FleetDeps } from './fleet-deps.js';
-import { readPod, SHADOW_STATES } from './pod-reader.js';
+import { readPod } from './pod-reader.js';
 import { QUEUE_NAMES, type SessionJobData, sendEvent } from './queues.js';
 
 /**
@@ -254,7 +254,7 @@ export class SessionHost {
     const pod = await readPod(this.deps, uid);
     if (!pod) return 'the pod is gone';
     if (pod.context.generation !== generation) return `the pod is at generation ${pod.context.generation}`;
-    if (!SHADOW_STATES.has(pod.state)) return `the pod is ${pod.state}`;
+    if (!stateHasTag(pod.state, 'shadow')) return `the pod is ${pod.state}`;
     return undefined;
   }
 }

@@ -1,5 +1,11 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { PodContext, PodError, PodEvent, StepName } from '../machines/pod-machine.js';
+import {
+  type PodContext,
+  type PodError,
+  type PodEvent,
+  STATE_OF_STEP,
+  type StepName,
+} from '../machines/pod-machine.js';
 import { isSpecError } from '../spec/spec-error.js';
 import { stopShadow } from './effects.js';
 import type { FleetDeps } from './fleet-deps.js';
@@ -7,18 +13,7 @@ import { planOf, requestOf } from './pod-plan.js';
 import { type PodView, readPod } from './pod-reader.js';
 import { jobIds, sendEvent } from './queues.js';
 
-/** The state each step belongs to: a step job found in another state is stale and does nothing. */
-const STATE_OF_STEP = {
-  validate: 'validating',
-  render: 'rendering',
-  launch: 'launchingShadow',
-  teardown: 'tearingDown',
-} as const satisfies Record<StepName, string>;
-
 export type StepOutcome = 'done' | 'failed' | 'stale';
-
-/** The steps that are pure functions of the pod and the site: the control worker runs them inline. */
-export const PURE_STEPS: ReadonlySet<StepName> = new Set(['validate', 'render']);
 
 /**
  * Runs one step of one pod and reports STEP_DONE / STEP_FAILED to its machine (launch reports nothing

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ClusterGate } from '../../src/cluster/cluster-gate.js';
 import { EventRecorder } from '../../src/cluster/event-recorder.js';
 import { KUBE_API_ACCESS, KUBE_API_GROUP } from '../../src/cluster/kube-api.js';
 import { PodWatcher } from '../../src/cluster/pod-watcher.js';
@@ -234,6 +235,31 @@ describe('cluster gate: namespace opt-in and NetworkPolicies (watch and control 
     expect(m.context.lastError?.message).toMatch(
       /was not checked against the cluster .* only the watch role may start/,
     );
+  });
+
+  it('reads each object once per cache period however often a pod is checked (the fleet default: 10 s)', async () => {
+    const gate = new ClusterGate(kube.kubeConfig(), config);
+    const asked = {
+      namespace: 'team-a',
+      labels: { app: 'train' },
+      annotations: { [ANNOTATION.forwards]: 'postgres.tenant-b.svc:5432' },
+    };
+    const before = kube.api.calls.length;
+    expect(await gate.verdict(asked)).toEqual({ ok: true });
+    const first = kube.api.calls.slice(before).map((c) => `${c.resource}.${c.verb}`);
+    expect(first.sort()).toEqual(
+      [
+        'endpointslices.list',
+        'namespaces.get',
+        'namespaces.get',
+        'networkpolicies.list',
+        'networkpolicies.list',
+        'pods.get',
+        'services.get',
+      ].sort(),
+    );
+    for (let i = 0; i < 20; i += 1) expect(await gate.verdict(asked)).toEqual({ ok: true });
+    expect(kube.api.calls.length - before, 'calls after 21 checks').toBe(first.length);
   });
 
   it('makes only the API calls its RBAC grants', () => {

@@ -1,8 +1,8 @@
 import { rm } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { squeueQueries } from '../../src/metrics/fleet-metrics.js';
-import { findPodJob, jobLookup } from '../../src/site/slurm-queries.js';
 import type { LoginLease } from '../../src/ssh/login-pool.js';
+import { findPodJob, jobLookup } from '../../src/ssh/slurm-queries.js';
 import { type Harness, harness, uid } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, sbatch, waitForState } from '../fixtures/slurm.js';
 

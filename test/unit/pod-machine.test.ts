@@ -13,6 +13,7 @@ import {
   type PodInput,
   type PodSnapshot,
   type PodStateName,
+  PURE_STEPS,
   parsePodEvent,
   persistPod,
   podMachine,
@@ -20,9 +21,13 @@ import {
   restorePod,
   SESSION_REPORT_TYPES,
   type SessionReport,
+  STATE_OF_STEP,
+  STEP_OF_STATE,
   STEPS,
   startPod,
+  stateHasTag,
   stateOf,
+  statesTagged,
 } from '../../src/machines/pod-machine.js';
 import { backoffDelay, deadlineTimeout } from '../../src/machines/pod-rules.js';
 import { podContextSchema } from '../../src/machines/pod-schema.js';
@@ -155,6 +160,46 @@ function reach(target: PodStateName, input: PodInput = INPUT): PodSnapshot {
 }
 
 const types = (actions: PodAction[]) => actions.map((a) => a.type);
+
+describe('pod machine: its topology, read from the chart by the code outside it', () => {
+  it('tags the shadow states, those whose shadow has reported, and the settled ones', () => {
+    expect([...statesTagged('shadow')]).toEqual([
+      'launchingShadow',
+      'waitingBatchHost',
+      'openingCarrier',
+      'establishingForwards',
+      'active',
+    ]);
+    expect([...statesTagged('shadowRunning')]).toEqual([
+      'waitingBatchHost',
+      'openingCarrier',
+      'establishingForwards',
+      'active',
+    ]);
+    expect([...statesTagged('settled')]).toEqual(['active', 'failed', 'done']);
+    // The stored state name is enough: no snapshot is needed to ask.
+    expect(stateHasTag('tearingDown', 'shadow')).toBe(false);
+  });
+
+  it('names the step of each step state, both ways, and the pure ones', () => {
+    expect(STEP_OF_STATE).toEqual({
+      validating: 'validate',
+      rendering: 'render',
+      launchingShadow: 'launch',
+      tearingDown: 'teardown',
+    });
+    for (const step of STEPS) expect(STEP_OF_STATE[STATE_OF_STEP[step]], step).toBe(step);
+    expect([...PURE_STEPS]).toEqual(['validate', 'render']);
+  });
+
+  it('agrees with what the chart does: entering a step state asks for its step', () => {
+    for (const [state, step] of Object.entries(STEP_OF_STATE)) {
+      const node = (podMachine.states as unknown as Record<string, { entry: readonly unknown[] }>)[state];
+      expect(JSON.stringify(node?.entry), state).toContain('runStep');
+      expect(POD_STATES, step).toContain(state);
+    }
+  });
+});
 
 describe('pod machine: the happy path', () => {
   it('starts in validating and asks for the validate step', () => {

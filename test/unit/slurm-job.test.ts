@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { validateBatchHost } from '../../src/render/carrier-command.js';
-import { currentJob, jobPhase, parseSqueue, squeueCommand } from '../../src/site/slurm-job.js';
+import { currentJob, jobPhase, parseSqueue, squeueCommand } from '../../src/ssh/slurm-job.js';
 
 describe('squeue parsing', () => {
   it.each([

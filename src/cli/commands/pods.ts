@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { Command } from 'commander';
-import { type PodEvent, type PodStateName, restorePod, stateOf } from '../../machines/pod-machine.js';
+import { type PodEvent, type PodStateName, restorePod, stateOf, statesTagged } from '../../machines/pod-machine.js';
 import { parseReverseRequest, requestContext } from '../../spec/reverse-request.js';
 import type { FleetDeps } from '../../workers/fleet-deps.js';
 import { sendEvent } from '../../workers/queues.js';
@@ -19,7 +19,7 @@ interface WaitOption {
   timeout?: string;
 }
 
-const SETTLED = new Set(['active', 'failed', 'done']);
+const SETTLED = statesTagged('settled');
 
 function timeoutMs(opts: WaitOption, fallbackS: number): number {
   const seconds = opts.timeout === undefined ? fallbackS : Number(opts.timeout);
@@ -85,7 +85,10 @@ export function registerPodCommands(program: Command): void {
       });
       process.stdout.write(`submitted ${pod.namespace}/${pod.name} ${uid}\n`);
       if (!opts.wait) return;
-      const state = await new PodFollower(deps, uid).until((s) => s !== null && SETTLED.has(s), timeoutMs(opts, 600));
+      const state = await new PodFollower(deps, uid).until(
+        (s) => s !== null && SETTLED.has(s as PodStateName),
+        timeoutMs(opts, 600),
+      );
       if (state !== 'active') throw new CliError(`the pod ended ${state}`, EXIT.failure);
     });
   });

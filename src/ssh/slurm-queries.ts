@@ -1,8 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client } from 'ssh2';
 import { squeueFailures, squeueQueries } from '../metrics/fleet-metrics.js';
-import { execCapture, RemoteTimeoutError } from '../ssh/remote-exec.js';
-import { SessionError } from '../ssh/session-error.js';
+import { execCapture, RemoteTimeoutError } from './remote-exec.js';
+import { SessionError } from './session-error.js';
 import { currentJob, parseSqueue, type SlurmJob, squeueCommand } from './slurm-job.js';
 
 /** Names per squeue: keeps the command line short (a pod UID is 36 characters). */
