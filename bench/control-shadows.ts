@@ -1,5 +1,5 @@
 /**
- * Heap per idle shadow (DESIGN §6: under 256 KiB), on the loopback site (real login sshd, real node
+ * Heap per idle shadow (ARCHITECTURE.md §7: under 256 KiB), on the loopback site (real login sshd, real node
  * sshd, real Slurm, the real prelude and relay in every job). Run by bench/control.ts as a child:
  *
  *   node --expose-gc --import tsx bench/control-shadows.ts --mode raw|session --shadows N [--warm 10]

@@ -9,7 +9,6 @@ import { readFileSync } from 'node:fs';
 import { chown, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../src/sandbox/loopback-site.js';
 import { parseSiteConfig } from '../src/spec/site-config.js';
 import { dialRulesOf } from '../src/ssh/endpoint-dial.js';
 import { type ShadowPhase, ShadowSession, type ShadowSessionOptions } from '../src/ssh/shadow-session.js';
@@ -18,6 +17,7 @@ import { type Shadow, type TunnelLogin, TunnelThreads } from '../src/ssh/tunnel-
 import type { LoopbackSite } from '../test/fixtures/loopback-site.js';
 import { jobScript, planFor, uid } from '../test/fixtures/shadow-harness.js';
 import { sbatch, scancel } from '../test/fixtures/slurm.js';
+import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../tools/sandbox/loopback-site.js';
 import { onCleanup, PYTHON, safeReaddir, say, withTimeout } from './harness.js';
 
 /** BENCH_TUNNEL_LOGIN: where tunnel threads get their login connections (per-thread, the default, or shared). */

@@ -3,7 +3,6 @@ import { chmodSync, chownSync, readFileSync } from 'node:fs';
 import { copyFile, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../src/sandbox/loopback-site.js';
 import { parseSiteConfig } from '../src/spec/site-config.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { autoTunnelThreads } from '../src/ssh/tunnel-threads.js';
@@ -11,6 +10,7 @@ import { type LoopbackSite, startLoopbackSite } from '../test/fixtures/loopback-
 import { sbatch, scancel, waitForState } from '../test/fixtures/slurm.js';
 import { isAlive } from '../test/fixtures/sshd.js';
 import type { TestUser } from '../test/fixtures/users.js';
+import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../tools/sandbox/loopback-site.js';
 import {
   best,
   type Child,
@@ -407,7 +407,7 @@ function report(rows: Row[], samples: Map<Row, Sample[]>, errors: Map<Row, strin
     const s = row ? (samples.get(row) ?? []) : [];
     return s.length ? { med: median(s.map((x) => x.mbps)), best: best(s.map((x) => x.mbps)) } : undefined;
   };
-  out.push('## Ratios against the aims of DESIGN §6');
+  out.push('## Ratios against the aims of ARCHITECTURE.md §7');
   out.push('');
   out.push(
     'median = median/median, best = best/best, paired = median over the rounds of the ratio of the two runs of one round ' +

@@ -1,4 +1,4 @@
--- lease-acquire: take a pod's fencing lease for a shadow session (DESIGN §4.7).
+-- lease-acquire: take a pod's fencing lease for a shadow session (ARCHITECTURE.md §3.7).
 -- Granted when the lease is free, expired, or already held by the same holder; never to a generation
 -- older than the one holding it (a stale shadow must not come back). Every grant draws a new fencing
 -- token from a counter, so an earlier holder's token stops working at once.

@@ -8,7 +8,7 @@
  * to try it. Ctrl-C (or SIGTERM) stops both sshds and removes their files; Slurm stays up
  * (scripts/slurm-down.sh stops it).
  */
-import { startLoopbackSite } from '../src/sandbox/loopback-site.js';
+import { startLoopbackSite } from '../tools/sandbox/loopback-site.js';
 
 const args = new Set(process.argv.slice(2));
 for (const a of args) {

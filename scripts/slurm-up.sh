@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Brings up a real single-node Slurm on this machine for the loopback test site (DESIGN §5):
+# Brings up a real single-node Slurm on this machine for the loopback test site (ARCHITECTURE.md §6):
 # munge, slurmctld and slurmd, with a slurm.conf written here. Idempotent: when everything is
 # already up with the same configuration it only checks and exits (about 0.1-0.2 s).
 #

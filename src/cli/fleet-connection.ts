@@ -53,7 +53,7 @@ export function redactUrl(url: string): string {
   }
 }
 
-/** POD is `namespace/name` or a UID (DESIGN §4.10). */
+/** POD is `namespace/name` or a UID (ARCHITECTURE.md §3.10). */
 export async function resolvePod(deps: FleetDeps, pod: string): Promise<string> {
   if (pod.includes('/')) {
     const [namespace = '', name = ''] = pod.split('/', 2);

@@ -33,7 +33,7 @@ export function configPath(opts: ConfigOption): string {
   return path;
 }
 
-/** The site configuration from --config or BACKHAUL_CONFIG (DESIGN §4.10). */
+/** The site configuration from --config or BACKHAUL_CONFIG (ARCHITECTURE.md §3.10). */
 export async function loadSiteConfig(opts: ConfigOption): Promise<SiteConfig> {
   const path = configPath(opts);
   const text = await readInput(path, 'site configuration');

@@ -1,13 +1,15 @@
 import { Command, CommanderError } from 'commander';
 import { isSpecError } from '../spec/spec-error.js';
-import { registerDemo } from './commands/demo.js';
 import { registerDoctor } from './commands/doctor.js';
 import { registerPodCommands } from './commands/pods.js';
 import { registerRender } from './commands/render.js';
 import { registerWorker } from './commands/worker.js';
 import { CliError, EXIT } from './exit-codes.js';
 
-export function buildProgram(): Command {
+/** Registers one more command: the demo (tools/demo, not part of the package) adds itself this way. */
+export type CommandRegistration = (program: Command) => void;
+
+export function buildProgram(extra: readonly CommandRegistration[] = []): Command {
   const program = new Command('backhaul')
     .description(
       'Reverse SSH tunnels from interLink-offloaded Slurm jobs back into the Kubernetes cluster, ' +
@@ -19,13 +21,13 @@ export function buildProgram(): Command {
   registerDoctor(program);
   registerWorker(program);
   registerPodCommands(program);
-  registerDemo(program);
+  for (const register of extra) register(program);
   return program;
 }
 
-/** Runs the command line; returns the exit code (DESIGN §4.10: 0 ok, 1 failure, 2 bad usage or input). */
-export async function main(argv: readonly string[]): Promise<number> {
-  const program = buildProgram();
+/** Runs the command line; returns the exit code (ARCHITECTURE.md §3.10: 0 ok, 1 failure, 2 bad usage or input). */
+export async function main(argv: readonly string[], extra: readonly CommandRegistration[] = []): Promise<number> {
+  const program = buildProgram(extra);
   try {
     await program.parseAsync([...argv], { from: 'user' });
     return EXIT.ok;

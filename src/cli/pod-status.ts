@@ -3,7 +3,7 @@ import type { HistoryRecord, StoredPod } from '../store/snapshot-store.js';
 import type { FleetDeps } from '../workers/fleet-deps.js';
 import { jobIds } from '../workers/queues.js';
 
-/** One pod as `status --json` prints it (DESIGN §4.10). */
+/** One pod as `status --json` prints it (ARCHITECTURE.md §3.10). */
 export interface PodStatus {
   uid: string;
   namespace: string;

@@ -11,7 +11,7 @@ import type { SiteConfig } from '../spec/site-config.js';
 import { isSpecError, SpecError } from '../spec/spec-error.js';
 
 /**
- * AdmissionReview v1 (admission.k8s.io/v1) for pods (DESIGN §2, §4.1, §4.4). Pure: a review document in,
+ * AdmissionReview v1 (admission.k8s.io/v1) for pods (ARCHITECTURE.md §3.9, §3.1, §3.4). Pure: a review document in,
  * the response document out; src/cluster/webhook-server.ts serves it over HTTPS.
  *
  * - `mutate`: validates the reverse annotations against the site and patches the prelude into

@@ -52,14 +52,14 @@ class PodStream {
   }
 }
 
-/** Deduplication ids of the events the watcher sends (no ':' — DESIGN §4.9). */
+/** Deduplication ids of the events the watcher sends (no ':' — ARCHITECTURE.md §3.8). */
 export const watchEventIds = {
   upsert: (uid: string, resourceVersion: string) => `${uid}-upsert-${resourceVersion || 'x'}`,
   gone: (uid: string, event: GoneEvent) => `${uid}-${event.event === 'POD_DELETED' ? 'deleted' : 'teardown'}`,
 };
 
 /**
- * The watch role (DESIGN §2): keeps one machine per live pod that asks for reverse forwards on a
+ * The watch role (ARCHITECTURE.md §3.9): keeps one machine per live pod that asks for reverse forwards on a
  * virtual node, and ends the machines of pods that are gone.
  *
  * Edge- and level-triggered: watch events are turned into POD_UPSERT / POD_DELETED as they come, and on

@@ -1,5 +1,5 @@
 /**
- * One pod's reverse setup as a statechart (DESIGN §4.8). Used only through XState's pure API by the
+ * One pod's reverse setup as a statechart (ARCHITECTURE.md §3.7). Used only through XState's pure API by the
  * control worker: `startPod` / `applyEvent` return the next snapshot and the effects to run, and the
  * worker stores the snapshot in Redis (compare-and-set) and runs the effects as jobs.
  *

@@ -1,5 +1,5 @@
 /**
- * The vocabulary of one pod's reverse setup (DESIGN §4.7, §4.8): state names, events, context and the
+ * The vocabulary of one pod's reverse setup (ARCHITECTURE.md §3.6, §3.7): state names, events, context and the
  * effects the machine asks for. Plain data only — every value here survives JSON.stringify/parse, so a
  * snapshot stored in Redis and events carried by BullMQ jobs come back exactly as they left.
  */

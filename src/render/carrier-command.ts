@@ -5,7 +5,7 @@ import { shellWord } from './shell-quote.js';
 import { carrierPaths } from './userspace-sshd.js';
 
 /**
- * The commands the session host execs to reach an sshd on the batch host (DESIGN §4.6). They are run
+ * The commands the session host execs to reach an sshd on the batch host (ARCHITECTURE.md §3.6). They are run
  * by the HPC user's login shell, which may be csh: a few plain words, no redirections, no quoting
  * tricks; the bootstrap script itself is sent on stdin.
  *

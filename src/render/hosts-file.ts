@@ -1,7 +1,7 @@
 import type { Forward } from '../spec/reverse-request.js';
 
 /**
- * The lines the prelude appends to the job's copy of /etc/hosts (DESIGN §4.4).
+ * The lines the prelude appends to the job's copy of /etc/hosts (ARCHITECTURE.md §3.4).
  *
  * Lines are kept short because musl (Alpine images) reads hosts files with a 512-byte line buffer and
  * misparses longer lines; glibc has no such limit. 64 forwards to Services can carry 256 names, so

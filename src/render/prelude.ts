@@ -24,7 +24,7 @@ const RELAY_READY_SECONDS = 10;
 const PROGRESS_EVERY_SECONDS = 30;
 
 /**
- * The shell fragment interLink's Slurm plugin pastes verbatim into the batch script (DESIGN §4.4).
+ * The shell fragment interLink's Slurm plugin pastes verbatim into the batch script (ARCHITECTURE.md §3.4).
  *
  * The pod UID, and with it the bind address and socket dir, is only known on the compute node (a pod
  * has no UID at admission), so the fragment derives them there with the relay's own `derive`. The

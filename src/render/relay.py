@@ -2,14 +2,15 @@
 # -*- coding: utf-8 -*-
 """backhaul relay: per-pod loopback TCP listeners -> owner-only unix sockets.
 
-Runs inside a Slurm job, as the job's user, on the compute node. Every TCP
-connection accepted on the pod's loopback address is checked against
-/proc/net/tcp{,6}: only a connection made by the job's own user (the uid this
-process runs as) is passed on, to the unix socket that the SSH reverse forward
-ended in (``<socket dir>/<port>.sock``). Anything else is closed at once.
+Runs inside a Slurm job, as the job's user, on the compute node. The owner of
+every TCP connection accepted on the pod's loopback address is asked of the
+kernel (sock_diag by exact 4-tuple; /proc/net/tcp{,6} as the fallback): only a
+connection made by the job's own user (the uid this process runs as) is passed
+on, to the unix socket that the SSH reverse forward ended in
+(``<socket dir>/<port>.sock``). Anything else is closed at once.
 
 Python 3.6+ standard library only (compute nodes have python3, not Node.js).
-The derivations must match src/spec/derivations.ts (DESIGN section 4.3); both
+The derivations must match src/spec/derivations.ts (ARCHITECTURE.md section 3.3); both
 are checked against test/vectors/derivations.json.
 
 Commands

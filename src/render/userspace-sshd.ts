@@ -2,7 +2,7 @@ import { SpecError } from '../spec/spec-error.js';
 import { isPlainWord, shellQuote } from './shell-quote.js';
 
 /**
- * The user-space sshd a carrier runs on the batch host (DESIGN §4.6, modes userspace and srun), and
+ * The user-space sshd a carrier runs on the batch host (ARCHITECTURE.md §3.6, modes userspace and srun), and
  * the bootstrap script that prepares it. Everything lives in `<socket dir>/carrier`, which the
  * prelude's trap removes with the socket dir when the job ends.
  */

@@ -1,7 +1,7 @@
 import { stripPrelude } from './prelude-markers.js';
 
 /**
- * The admission webhook's answer as data (DESIGN §2, §4.4): a JSONPatch (RFC 6902) that puts the
+ * The admission webhook's answer as data (ARCHITECTURE.md §3.9, §3.4): a JSONPatch (RFC 6902) that puts the
  * current prelude at the top of `slurm-job.vk.io/pre-exec`. Pure.
  */
 

@@ -5,7 +5,7 @@ import { endpointPolicySchema } from './endpoint-policy.js';
 import { SpecError } from './spec-error.js';
 
 /**
- * DESIGN §4.2. The `Network.SSH` keys follow interLink's own configuration so site admins can reuse
+ * ARCHITECTURE.md §3.2. The `Network.SSH` keys follow interLink's own configuration so site admins can reuse
  * theirs; `Backhaul` holds what only backhaul needs. Every object is strict: an unknown key stops
  * start-up with its path, because a typo in a security setting must not be silently ignored.
  */
@@ -148,11 +148,12 @@ export const backhaulSchema = z.strictObject({
    * never leave its thread) or "shared" (the session host's, through a unix socket: a tunnel's two SSH
    * layers on two threads, which costs a copy; measured slower on 2 cores).
    */
-  TunnelLogin: z.enum(['per-thread', 'shared'], { error: 'expected "per-thread" or "shared"' }).default('per-thread'),
+  TunnelLogin: z.enum(['per-thread', 'shared'], { error: 'expected "per-thread" or "shared"' }).default('shared'),
   /** Carriers sharing one login connection; stay below the login sshd's MaxSessions. */
   LoginMaxSessions: z.number().int().min(1).max(1_000).default(8),
   LeaseTTL: duration(1000).prefault('5s'),
-  RetryLimit: z.number().int().min(0).max(100).default(5),
+  /** Shadow launches in a row that may fail before the pod fails (the first launch counts: at least 1). */
+  RetryLimit: z.number().int().min(1, 'expected at least 1 (the first launch counts)').max(100).default(5),
   RetryBackoff: duration(100).prefault('2s'),
   /** The longest wait between two shadow launches (the backoff doubles up to it). */
   RetryBackoffMax: duration(100).prefault('5m'),

@@ -35,7 +35,7 @@ export interface Carrier {
 }
 
 /**
- * Opens the carrier of DESIGN §4.6 through an open login connection:
+ * Opens the carrier of ARCHITECTURE.md §3.6 through an open login connection:
  * - node: a direct-tcpip channel from the login node to `<batch host>:<NodeSshPort>`;
  * - userspace: the same hop, then a bootstrap and `sshd -i` exec'd over it;
  * - srun: the bootstrap and `sshd -i` exec'd on the login node inside `srun --overlap`.

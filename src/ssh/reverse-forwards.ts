@@ -4,7 +4,7 @@ import type { AcceptConnection, Channel, Client, RejectConnection, UNIXConnectio
 import { type EndpointDialer, EndpointRefusedError } from './endpoint-dial.js';
 import { SessionError } from './session-error.js';
 
-/** One socket on the node and the one endpoint it may reach (DESIGN §4.7). */
+/** One socket on the node and the one endpoint it may reach (ARCHITECTURE.md §3.6). */
 export interface ForwardTarget {
   socketPath: string;
   dialHost: string;

@@ -11,6 +11,7 @@ import {
   WATCH_VANISHED,
 } from '../render/node-scripts.js';
 import type { SessionPlan } from '../render/session-plan.js';
+import { shellQuote } from '../render/shell-quote.js';
 import { type Carrier, type CarrierSite, openCarrier } from './carrier.js';
 import { type DialRules, EndpointDialer } from './endpoint-dial.js';
 import type { LoginHopLease, LoginHops } from './login-hop.js';
@@ -20,7 +21,7 @@ import { isSessionError, SessionError } from './session-error.js';
 import type { SlurmJob } from './slurm-job.js';
 import { SocksForward } from './socks-forward.js';
 
-/** The phases a shadow reports to its pod's machine (DESIGN §4.7). */
+/** The phases a shadow reports to its pod's machine (ARCHITECTURE.md §3.6). */
 export type ShadowPhase =
   | { type: 'SHADOW_UP' }
   | { type: 'BATCH_HOST'; batchHost: string; jobId: string }
@@ -196,6 +197,10 @@ export class ShadowSession {
     await this.checkFence();
     try {
       await this.forwards.establish(this.abort.signal);
+    } catch (err) {
+      const ended = isSessionError(err, 'forwarding-refused') ? await this.endedMeanwhile(carrier) : undefined;
+      if (ended) return ended;
+      throw err;
     } finally {
       // Whatever got bound is this session's, also when a later bind failed: note it to remove it.
       await this.recordOwnSockets(carrier, this.forwards.boundPaths);
@@ -236,6 +241,19 @@ export class ShadowSession {
       );
     }
     return { type: 'SOCKETS_VANISHED' };
+  }
+
+  /**
+   * A bind the node sshd refused is the site's configuration (permanent) unless the job ended meanwhile
+   * (scancel): its trap removed the socket dir, so the bind had nowhere to go. That is the job's end.
+   */
+  private async endedMeanwhile(carrier: Carrier): Promise<ShadowEnd | undefined> {
+    const job = await this.jobNow().catch(() => undefined);
+    if (job && (job.phase === 'ended' || job.phase === 'ending')) return { type: 'JOB_ENDED', state: job.state };
+    const dir = await execCapture(carrier.client, `test -d ${shellQuote(this.opts.plan.socketDir)}`, {
+      timeoutMs: 10_000,
+    }).catch(() => undefined);
+    return dir && dir.code !== 0 ? { type: 'SOCKETS_VANISHED' } : undefined;
   }
 
   private async jobNow(): Promise<SlurmJob | undefined> {

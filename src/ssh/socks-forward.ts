@@ -6,7 +6,7 @@ import type { ForwardLog } from './reverse-forwards.js';
 import { SessionError } from './session-error.js';
 
 /**
- * SOCKS5 CONNECT for a pod that asked for it on a site that allows it (DESIGN §4.1): the node sshd
+ * SOCKS5 CONNECT for a pod that asked for it on a site that allows it (ARCHITECTURE.md §3.1): the node sshd
  * listens on 127.0.0.1:<port> of the node (open to every user there, hence the warning) and each
  * connection is a SOCKS conversation answered here, in the cluster.
  */

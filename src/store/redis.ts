@@ -14,7 +14,7 @@ export interface CreateRedisOptions {
   options?: RedisOptions;
 }
 
-/** A connection to Redis, from `--redis URL`, else REDIS_URL, else the local default (DESIGN §4.10). */
+/** A connection to Redis, from `--redis URL`, else REDIS_URL, else the local default (ARCHITECTURE.md §3.10). */
 export function createRedis(url?: string, opts: CreateRedisOptions = {}): Redis {
   const target = url ?? process.env.REDIS_URL ?? DEFAULT_REDIS_URL;
   const kind = opts.kind ?? 'worker';

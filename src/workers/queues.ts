@@ -3,7 +3,7 @@ import type { Redis } from 'ioredis';
 import type { PodEvent, StepName } from '../machines/pod-machine.js';
 import type { SessionPlan } from '../render/session-plan.js';
 
-/** DESIGN §4.9: the three queues of the fleet. */
+/** ARCHITECTURE.md §3.8: the three queues of the fleet. */
 export const QUEUE_NAMES = { events: 'bh-events', steps: 'bh-steps', sessions: 'bh-sessions' } as const;
 
 /** An event for one pod's machine. */
@@ -26,7 +26,7 @@ export interface SessionJobData {
 }
 
 /**
- * Job ids carry the pod UID and generation, never ':' (DESIGN §4.9): the same step of the same
+ * Job ids carry the pod UID and generation, never ':' (ARCHITECTURE.md §3.8): the same step of the same
  * generation asked twice is one job.
  */
 export const jobIds = {

@@ -90,7 +90,7 @@ export class SessionHost {
       count > 0
         ? await TunnelThreads.start(
             access,
-            { threads: count, login: 'shared' },
+            { threads: count, login: deps.config.Backhaul.TunnelLogin },
             {
               info: (detail, message) => deps.log.info(detail, message),
               warn: (detail, message) => deps.log.warn(detail, message),

@@ -1,10 +1,12 @@
 import { spawn } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
-import { DEMO_MODES } from '../../src/demo/stack.js';
+import { DEMO_MODES } from '../../tools/demo/stack.js';
 import { ensureUser, OTHER_USER } from '../fixtures/users.js';
-import { BIN } from '../fixtures/worker-process.js';
 
-/** The built `backhaul demo`, as a person runs it (`npm run demo`): one run per carrier mode. */
+/** `npm run demo` as a person runs it (tools/demo/main.ts under tsx, outside the package): one run per carrier mode. */
+const DEMO = new URL('../../tools/demo/main.ts', import.meta.url).pathname;
+/** tsx by path: the run as another user starts in /tmp, where `--import tsx` would not resolve. */
+const TSX = new URL('../../node_modules/tsx/dist/loader.mjs', import.meta.url).href;
 
 interface Run {
   code: number | null;
@@ -16,7 +18,7 @@ interface Run {
 function run(args: string[], options: { uid?: number; gid?: number; timeoutMs?: number } = {}): Promise<Run> {
   const started = Date.now();
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN, ...args], {
+    const child = spawn(process.execPath, ['--import', TSX, DEMO, ...args], {
       stdio: ['ignore', 'pipe', 'pipe'],
       ...(options.uid === undefined ? {} : { uid: options.uid, gid: options.gid ?? options.uid, cwd: '/tmp' }),
     });
@@ -38,9 +40,9 @@ function run(args: string[], options: { uid?: number; gid?: number; timeoutMs?: 
   });
 }
 
-describe('backhaul demo', () => {
+describe('npm run demo', () => {
   it.each(DEMO_MODES)('--mode %s runs end to end, prints the service answer and exits 0', async (mode) => {
-    const { code, stdout, stderr, ms } = await run(['demo', '--mode', mode]);
+    const { code, stdout, stderr, ms } = await run(['--mode', mode]);
     expect(code, `${stdout}\n${stderr}`).toBe(0);
     expect(stdout).toContain(
       'GET http://minio.demo.svc.cluster.local:9000/ -> 200 Hello from minio.demo.svc.cluster.local:9000, a service inside the cluster',
@@ -59,7 +61,7 @@ describe('backhaul demo', () => {
 
   it('refuses to run without root, saying why, and exits 1', async () => {
     const other = await ensureUser(OTHER_USER);
-    const { code, stdout, stderr } = await run(['demo', '--redis', 'redis://127.0.0.1:1'], {
+    const { code, stdout, stderr } = await run(['--redis', 'redis://127.0.0.1:1'], {
       uid: other.uid,
       gid: other.gid,
       timeoutMs: 60_000,

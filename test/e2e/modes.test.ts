@@ -3,9 +3,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PodFollower } from '../../src/cli/pod-follow.js';
-import { Cleanup } from '../../src/demo/cleanup.js';
-import { failed, jobLeftovers, type LeftoverScope, settle, tunnelLeftovers } from '../../src/demo/leftovers.js';
-import { type DemoService, startService } from '../../src/demo/service.js';
+import { Cleanup } from '../../tools/demo/cleanup.js';
+import { failed, jobLeftovers, type LeftoverScope, settle, tunnelLeftovers } from '../../tools/demo/leftovers.js';
+import { type DemoService, startService } from '../../tools/demo/service.js';
 import {
   bringUpFleet,
   bringUpSite,
@@ -19,8 +19,8 @@ import {
   submitPod,
   waitForJobEnd,
   waitForOutput,
-} from '../../src/demo/stack.js';
-import { WORKLOAD_DONE, workloadScript } from '../../src/demo/workload.js';
+} from '../../tools/demo/stack.js';
+import { WORKLOAD_DONE, workloadScript } from '../../tools/demo/workload.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
 import type { LoopbackSite } from '../fixtures/loopback-site.js';
 import { ensureSlurm, scancel } from '../fixtures/slurm.js';

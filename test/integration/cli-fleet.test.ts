@@ -7,10 +7,10 @@ import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stringify as toYaml } from 'yaml';
 import type { SessionPlan } from '../../src/render/session-plan.js';
-import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../src/sandbox/loopback-site.js';
 import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
 import type { RunningFleet } from '../../src/workers/fleet.js';
 import { jobIds } from '../../src/workers/queues.js';
+import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
 import { inProcessFleet, privateRedis, waitForPodState } from '../fixtures/fleet-harness.js';
 import { bullEntriesNaming, keysNaming } from '../fixtures/leftovers.js';
 import { type LoopbackSite, startLoopbackSite } from '../fixtures/loopback-site.js';
@@ -123,7 +123,7 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
     return (await fleet.deps.store.load(podUid))?.state ?? null;
   }
 
-  /** Everything a forgotten pod must not leave behind (DESIGN §6). */
+  /** Everything a forgotten pod must not leave behind (ARCHITECTURE.md §7). */
   async function expectNothingLeft(podUid: string, name: string, plan: SessionPlan, jobId: string): Promise<void> {
     expect(await podState(podUid)).toBeNull();
     expect(await keysNaming(redis.redis, podUid)).toEqual([`bh:hist:${podUid}`]);

@@ -3,9 +3,9 @@ import type { Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { registry } from '../../src/metrics/fleet-metrics.js';
-import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../src/sandbox/loopback-site.js';
 import { parseSiteConfig } from '../../src/spec/site-config.js';
 import type { RunningFleet } from '../../src/workers/fleet.js';
+import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
 import { inProcessFleet, privateRedis, upsert, waitForPodState } from '../fixtures/fleet-harness.js';
 import {
   echoServer,

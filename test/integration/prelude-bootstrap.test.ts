@@ -12,7 +12,7 @@ import { KEYS, requestFor } from '../unit/render-fixtures.js';
 import { eventually, gone, STATE_SNIPPET, sleep, startScript, uniqueUid } from './script-runner.js';
 
 /**
- * The carrier bootstrap (DESIGN §4.6) run for real as the job's user, the way the session host runs
+ * The carrier bootstrap (ARCHITECTURE.md §3.6) run for real as the job's user, the way the session host runs
  * it: `/bin/sh -s` with the script on stdin.
  */
 

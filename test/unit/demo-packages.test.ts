@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { installCommand, missingPackages } from '../../src/demo/packages.js';
+import { installCommand, missingPackages } from '../../tools/demo/packages.js';
 
 describe('the demo’s package check', () => {
   it('reports the packages dpkg does not have installed, and the one command that installs them', async () => {

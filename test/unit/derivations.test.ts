@@ -15,7 +15,7 @@ const { vectors } = JSON.parse(readFileSync(new URL('../vectors/derivations.json
   vectors: Vector[];
 };
 
-describe('derivations (DESIGN §4.3)', () => {
+describe('derivations (ARCHITECTURE.md §3.3)', () => {
   it('FNV-1a-32 matches the published test values', () => {
     expect(fnv1a32('')).toBe(0x811c9dc5);
     expect(fnv1a32('a')).toBe(0xe40c292c);

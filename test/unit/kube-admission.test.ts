@@ -176,7 +176,7 @@ describe('admission: mutation (the prelude in slurm-job.vk.io/pre-exec)', () => 
   });
 });
 
-describe('admission: refusals name the annotation, the entry and what would be accepted (DESIGN §4.1)', () => {
+describe('admission: refusals name the annotation, the entry and what would be accepted (ARCHITECTURE.md §3.1)', () => {
   it.each([
     ['UDP', { [FWD]: 'dns.kube-system.svc:53/udp' }, ['TCP only', 'dns.kube-system.svc:53/udp']],
     ['IPv6 literal', { [FWD]: '[fd00::1]:9000' }, ['IPv6', '[fd00::1]:9000']],

@@ -16,7 +16,7 @@ function refused(annotations: Record<string, string>, ctx = contextWith()): Spec
   throw new Error(`accepted: ${JSON.stringify(annotations)}`);
 }
 
-describe('interlink.eu/reverse-forwards grammar (DESIGN §4.1)', () => {
+describe('interlink.eu/reverse-forwards grammar (ARCHITECTURE.md §3.1)', () => {
   it('quotes a huge or hostile entry once, cut short and escaped, in its refusal', () => {
     const huge = `${'a_'.repeat(200_000)}:80`;
     const err = refused({ [FWD]: huge });

@@ -37,7 +37,7 @@ describe('durations', () => {
   });
 });
 
-describe('site configuration (DESIGN §4.2)', () => {
+describe('site configuration (ARCHITECTURE.md §3.2)', () => {
   it('fills the documented defaults', () => {
     const cfg = parseSiteConfigYaml(BASE);
     expect(cfg.Network.SSH).toMatchObject({ Port: 22, NodeWaitTimeout: 7_200_000, InsecureAcceptAnyHostKey: false });
@@ -105,6 +105,7 @@ Backhaul:
     ['    Reverse: { SocketRoot: "/tmp/bh-%" }\n', 'Network.SSH.Reverse.SocketRoot'],
     ['    Reverse: { PythonPath: "python3; rm -rf /" }\n', 'Network.SSH.Reverse.PythonPath'],
     ['    Reverse: { NodeSshPort: 70000 }\n', 'Network.SSH.Reverse.NodeSshPort'],
+    ['Backhaul: { RetryLimit: 0 }\n', 'Backhaul.RetryLimit'],
   ])('refuses a bad value: %j at %s', (extra, path) => {
     expect(refusal(BASE + extra).field).toBe(path);
   });

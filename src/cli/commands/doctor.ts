@@ -28,7 +28,7 @@ function nodeName(value: string): string {
 }
 
 /**
- * `backhaul doctor` (DESIGN §4.10): checks a site before going live and says what to change.
+ * `backhaul doctor` (ARCHITECTURE.md §3.10): checks a site before going live and says what to change.
  * Exit 0 when every check passes (or is skipped), 1 when one fails, 2 for bad usage or configuration.
  */
 export function registerDoctor(program: Command): void {

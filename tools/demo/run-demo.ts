@@ -1,13 +1,13 @@
 import { access, chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { CliError, EXIT } from '../cli/exit-codes.js';
-import { PodFollower } from '../cli/pod-follow.js';
+import { CliError, EXIT } from '../../src/cli/exit-codes.js';
+import { PodFollower } from '../../src/cli/pod-follow.js';
+import type { HistoryEntry } from '../../src/store/snapshot-store.js';
+import { readPod } from '../../src/workers/pod-reader.js';
 import { ensureSlurm, SLURM_NODE, SLURM_UP, scancel, slurmDaemons, stopSlurm } from '../sandbox/slurm.js';
 import { ensureUser, lookupUser, removeUser, type TestUser } from '../sandbox/users.js';
 import { BIN } from '../sandbox/worker-process.js';
-import type { HistoryEntry } from '../store/snapshot-store.js';
-import { readPod } from '../workers/pod-reader.js';
 import { Cleanup } from './cleanup.js';
 import { type Check, failed, jobLeftovers, type LeftoverScope, settle, tunnelLeftovers } from './leftovers.js';
 import { bytes, Printer, seconds, stateLine } from './output.js';

@@ -2,9 +2,15 @@ import { randomUUID } from 'node:crypto';
 import { chown, mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { silentLogger } from '../log.js';
-import { renderPrelude } from '../render/prelude.js';
-import { renderSessionPlan, type SessionPlan } from '../render/session-plan.js';
+import { silentLogger } from '../../src/log.js';
+import { renderPrelude } from '../../src/render/prelude.js';
+import { renderSessionPlan, type SessionPlan } from '../../src/render/session-plan.js';
+import { ANNOTATION } from '../../src/spec/annotations.js';
+import { parseReverseRequest, type ReverseRequest, requestContext } from '../../src/spec/reverse-request.js';
+import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
+import { createRedis } from '../../src/store/redis.js';
+import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
+import { sendEvent } from '../../src/workers/queues.js';
 import {
   LOOPBACK_ENDPOINT_POLICY,
   type LoopbackSite,
@@ -15,12 +21,6 @@ import {
 import { jobState, sbatch, scancel, TERMINAL_STATES, waitForState } from '../sandbox/slurm.js';
 import type { TestUser } from '../sandbox/users.js';
 import { startWorker, stopWorker, type WorkerProcess, workerStarted, writeConfig } from '../sandbox/worker-process.js';
-import { ANNOTATION } from '../spec/annotations.js';
-import { parseReverseRequest, type ReverseRequest, requestContext } from '../spec/reverse-request.js';
-import { parseSiteConfig, type SiteConfig } from '../spec/site-config.js';
-import { createRedis } from '../store/redis.js';
-import { type FleetDeps, fleetDeps } from '../workers/fleet-deps.js';
-import { sendEvent } from '../workers/queues.js';
 import type { Cleanup } from './cleanup.js';
 import type { DemoService } from './service.js';
 

@@ -15,7 +15,7 @@ import {
 import { ensureUser, JOB_USER, type TestUser } from './users.js';
 
 /**
- * The whole HPC site on loopback (DESIGN §5), for the integration tests and `backhaul demo`: the real Slurm (node `bhnode1` -> 127.0.0.1), a
+ * The whole HPC site on loopback (ARCHITECTURE.md §6), for the integration tests, the benches and the demo (`npm run demo`); in tools/, not in the package: the real Slurm (node `bhnode1` -> 127.0.0.1), a
  * "login" sshd on 127.0.0.1 and the compute node's own sshd, reached by the name bhnode1 (it listens
  * on 127.0.0.1 too). Both authorize one fresh client key for the job user `bhjob`; a known_hosts
  * file pins both host keys (login as `[127.0.0.1]:port`, node as `[bhnode1]:port`), and a site

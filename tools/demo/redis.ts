@@ -2,8 +2,8 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { closeSync, openSync } from 'node:fs';
 import { join } from 'node:path';
+import { createRedis } from '../../src/store/redis.js';
 import { freePort } from '../sandbox/sshd.js';
-import { createRedis } from '../store/redis.js';
 
 /**
  * The demo's Redis: the one at `--redis` / REDIS_URL when it answers, in database 15 so it never

@@ -1,6 +1,6 @@
 import { type Command, Option } from 'commander';
-import { DEFAULT_DEMO_BYTES, DEMO_MODES, DEMO_USER, type DemoMode } from '../../demo/demo-options.js';
-import { DEFAULT_REDIS_URL } from '../../store/redis.js';
+import { DEFAULT_REDIS_URL } from '../../src/store/redis.js';
+import { DEFAULT_DEMO_BYTES, DEMO_MODES, DEMO_USER, type DemoMode } from './demo-options.js';
 
 interface DemoFlags {
   mode: DemoMode;
@@ -28,7 +28,7 @@ export function registerDemo(program: Command): void {
     .action(async (flags: DemoFlags) => {
       const mib = Number(flags.mib);
       // Loaded here: the demo's code (SSH, Slurm, the fleet) is not needed by any other command.
-      const { runDemo } = await import('../../demo/run-demo.js');
+      const { runDemo } = await import('./run-demo.js');
       await runDemo({
         mode: flags.mode,
         redis: flags.redis ?? process.env.REDIS_URL ?? DEFAULT_REDIS_URL,

@@ -1,4 +1,4 @@
-import type { HistoryEntry } from '../store/snapshot-store.js';
+import type { HistoryEntry } from '../../src/store/snapshot-store.js';
 import type { Check } from './leftovers.js';
 
 /** The demo's terminal output: phases as headings, indented lines under them, no JSON. */

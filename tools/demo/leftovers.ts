@@ -1,14 +1,14 @@
 import { stat } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
+import type { FleetDeps } from '../../src/workers/fleet-deps.js';
 import type { LoopbackSite } from '../sandbox/loopback-site.js';
 import { descendantsOf, processTable } from '../sandbox/processes.js';
 import { jobState, stepsOf, TERMINAL_STATES } from '../sandbox/slurm.js';
 import type { TestUser } from '../sandbox/users.js';
-import type { FleetDeps } from '../workers/fleet-deps.js';
 import type { DemoPod } from './stack.js';
 
 /**
- * What a pod may leave behind (DESIGN §6: no stale socket, process, lease or Redis key after
+ * What a pod may leave behind (ARCHITECTURE.md §7: no stale socket, process, lease or Redis key after
  * teardown), checked from the outside: the node's files, the process table, Slurm and Redis.
  */
 export interface Check {
