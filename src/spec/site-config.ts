@@ -148,7 +148,7 @@ export const backhaulSchema = z.strictObject({
    * never leave its thread) or "shared" (the session host's, through a unix socket: a tunnel's two SSH
    * layers on two threads, which costs a copy; measured slower on 2 cores).
    */
-  TunnelLogin: z.enum(['per-thread', 'shared'], { error: 'expected "per-thread" or "shared"' }).default('shared'),
+  TunnelLogin: z.enum(['per-thread', 'shared'], { error: 'expected "per-thread" or "shared"' }).default('per-thread'),
   /** Carriers sharing one login connection; stay below the login sshd's MaxSessions. */
   LoginMaxSessions: z.number().int().min(1).max(1_000).default(8),
   LeaseTTL: duration(1000).prefault('5s'),
