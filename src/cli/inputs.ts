@@ -8,12 +8,22 @@ export interface ConfigOption {
   config?: string;
 }
 
+/** What a failed read means, in words (the code stays, for searching). */
+const READ_ERRORS: Readonly<Record<string, string>> = {
+  ENOENT: 'no such file',
+  EACCES: 'permission denied',
+  EISDIR: 'it is a directory',
+  ENOTDIR: 'a part of the path is not a directory',
+  ELOOP: 'too many symbolic links',
+};
+
 async function readInput(path: string, what: string): Promise<string> {
   try {
     return await readFile(path, 'utf8');
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
-    throw new CliError(`cannot read ${what} ${path}: ${code ?? (err as Error).message}`, EXIT.usage);
+    const why = code && READ_ERRORS[code] ? `${READ_ERRORS[code]} (${code})` : (code ?? (err as Error).message);
+    throw new CliError(`cannot read ${what} ${path}: ${why}`, EXIT.usage);
   }
 }
 

@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from 'commander';
 import { isSpecError } from '../spec/spec-error.js';
 import { registerDoctor } from './commands/doctor.js';
@@ -15,6 +16,7 @@ export function buildProgram(extra: readonly CommandRegistration[] = []): Comman
       'Reverse SSH tunnels from interLink-offloaded Slurm jobs back into the Kubernetes cluster, ' +
         'run as durable per-pod workflows on Redis.',
     )
+    .version(packageVersion(), '-V, --version', 'print the version of backhaul')
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride();
   registerRender(program);
@@ -23,6 +25,12 @@ export function buildProgram(extra: readonly CommandRegistration[] = []): Comman
   registerPodCommands(program);
   for (const register of extra) register(program);
   return program;
+}
+
+/** package.json's version: two levels up from src/cli and dist/cli alike. */
+function packageVersion(): string {
+  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version?: string };
+  return pkg.version ?? 'unknown';
 }
 
 /** Runs the command line; returns the exit code (ARCHITECTURE.md §3.10: 0 ok, 1 failure, 2 bad usage or input). */

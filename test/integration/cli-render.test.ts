@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -160,5 +160,32 @@ describe('backhaul render', () => {
     const run = await backhaul(args);
     expect(run.code).toBe(2);
     expect(run.stderr).toContain(message);
+  });
+});
+
+describe('backhaul, as a new user meets it', () => {
+  it('--version prints the version of the package and exits 0', async () => {
+    const pkg = JSON.parse(await readFile(new URL('../../package.json', import.meta.url), 'utf8')) as {
+      version: string;
+    };
+    for (const flag of ['--version', '-V']) {
+      const run = await backhaul([flag]);
+      expect({ code: run.code, stdout: run.stdout, stderr: run.stderr }).toEqual({
+        code: 0,
+        stdout: `${pkg.version}\n`,
+        stderr: '',
+      });
+    }
+  });
+
+  it('says in words why a file cannot be read, naming it, and exits 2', async () => {
+    const missing = await backhaul(['render', 'plan', '/nonexistent/pod.yaml'], {
+      BACKHAUL_CONFIG: `${EXAMPLES}site-node.yaml`,
+    });
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toBe('backhaul: cannot read pod manifest /nonexistent/pod.yaml: no such file (ENOENT)\n');
+    const directory = await backhaul(['render', 'plan', `${EXAMPLES}pod-forwards.yaml`], { BACKHAUL_CONFIG: EXAMPLES });
+    expect(directory.code).toBe(2);
+    expect(directory.stderr).toContain(`cannot read site configuration ${EXAMPLES}: it is a directory (EISDIR)`);
   });
 });
