@@ -399,9 +399,7 @@ export const STATE_OF_STEP: Readonly<Record<StepName, PodStateName>> = Object.fr
 
 /** Steps that are pure functions of the pod and the site (`meta.pure`): the control worker runs them inline. */
 export const PURE_STEPS: ReadonlySet<StepName> = new Set(
-  (Object.keys(stateNodes) as PodStateName[]).flatMap((state) =>
-    stateNodes[state].meta?.pure ? [stateNodes[state].meta?.step ?? []].flat() : [],
-  ),
+  Object.values(stateNodes).flatMap(({ meta }) => (meta?.pure && meta.step ? [meta.step] : [])),
 );
 
 // ---- the pure API used by the control worker ----

@@ -140,60 +140,67 @@ function header(pythonPath: string, relay: string, socketRoot: string): string[]
 function privateSocketRoot(root: string): string[] {
   return [
     `bh_root=${shellQuote(root)}`,
-    'if ! mkdir -m 700 "$bh_root" 2>/dev/null; then',
-    '  bh_why=',
-    '  if [ -L "$bh_root" ]; then',
-    "    bh_why='is a symbolic link'",
-    '  elif [ ! -e "$bh_root" ]; then',
-    `    printf 'backhaul: cannot create the socket root %s (does its parent exist on this node? Network.SSH.Reverse.SocketRoot)\\n' "$bh_root" >&2`,
-    '    exit 1',
-    '  elif [ ! -d "$bh_root" ]; then',
-    "    bh_why='is not a directory'",
-    '  elif [ ! -O "$bh_root" ]; then',
-    "    bh_why='belongs to another user'",
-    '  fi',
-    '  if [ -n "$bh_why" ]; then',
-    `    printf 'backhaul: refusing the socket root %s: it %s (Network.SSH.Reverse.SocketRoot has %%u, so the dir belongs to this user alone; another user may have made it to intercept the forwards: remove it)\\n' "$bh_root" "$bh_why" >&2`,
-    '    exit 1',
-    '  fi',
-    '  if ! chmod 700 "$bh_root"; then',
-    `    printf 'backhaul: cannot make the socket root %s private\\n' "$bh_root" >&2`,
-    '    exit 1',
-    '  fi',
-    'fi',
+    ...ownPrivateDir({
+      variable: 'bh_root',
+      what: 'socket root',
+      missing: 'does its parent exist on this node? Network.SSH.Reverse.SocketRoot',
+      foreign:
+        'Network.SSH.Reverse.SocketRoot has %%u, so the dir belongs to this user alone; another user may have made it to intercept the forwards: remove it',
+    }),
   ];
 }
 
 /**
  * The socket dir's name is predictable and its parent is a shared directory such as /tmp, so another
- * user could create it first (or plant a symlink) to receive the forwarded connections. A directory
- * that already exists is only used if it is a real directory owned by this user.
+ * user could create it first (or plant a symlink) to receive the forwarded connections.
  */
 function socketDirSetup(): string[] {
+  return ownPrivateDir({
+    variable: 'bh_dir',
+    what: 'socket dir',
+    missing: 'does Network.SSH.Reverse.SocketRoot exist on this node?',
+    foreign: 'it sits in a shared directory, so another user may have made it to intercept the forwards',
+    // Left by an earlier run of this pod that was killed before its trap ran: those sockets lead
+    // nowhere and would end the wait for the forwards at once.
+    reused: ['rm -f -- "$bh_dir"/*.sock'],
+  });
+}
+
+/**
+ * Makes the directory in $VARIABLE with mode 0700, or reuses one only if it is a real directory owned by
+ * this user (made private again, then `reused` run); anything else stops the job with a message.
+ * `missing` and `foreign` are printf text (a literal % is %%).
+ */
+function ownPrivateDir(dir: {
+  variable: string;
+  what: string;
+  missing: string;
+  foreign: string;
+  reused?: readonly string[];
+}): string[] {
+  const v = `"$${dir.variable}"`;
   return [
-    'if ! mkdir -m 700 "$bh_dir" 2>/dev/null; then',
+    `if ! mkdir -m 700 ${v} 2>/dev/null; then`,
     '  bh_why=',
-    '  if [ -L "$bh_dir" ]; then',
+    `  if [ -L ${v} ]; then`,
     "    bh_why='is a symbolic link'",
-    '  elif [ ! -e "$bh_dir" ]; then',
-    `    printf 'backhaul: cannot create the socket dir %s (does Network.SSH.Reverse.SocketRoot exist on this node?)\\n' "$bh_dir" >&2`,
+    `  elif [ ! -e ${v} ]; then`,
+    `    printf 'backhaul: cannot create the ${dir.what} %s (${dir.missing})\\n' ${v} >&2`,
     '    exit 1',
-    '  elif [ ! -d "$bh_dir" ]; then',
+    `  elif [ ! -d ${v} ]; then`,
     "    bh_why='is not a directory'",
-    '  elif [ ! -O "$bh_dir" ]; then',
+    `  elif [ ! -O ${v} ]; then`,
     "    bh_why='belongs to another user'",
     '  fi',
     '  if [ -n "$bh_why" ]; then',
-    `    printf 'backhaul: refusing the socket dir %s: it %s (it sits in a shared directory, so another user may have made it to intercept the forwards)\\n' "$bh_dir" "$bh_why" >&2`,
+    `    printf 'backhaul: refusing the ${dir.what} %s: it %s (${dir.foreign})\\n' ${v} "$bh_why" >&2`,
     '    exit 1',
     '  fi',
-    '  if ! chmod 700 "$bh_dir"; then',
-    `    printf 'backhaul: cannot make the socket dir %s private\\n' "$bh_dir" >&2`,
+    `  if ! chmod 700 ${v}; then`,
+    `    printf 'backhaul: cannot make the ${dir.what} %s private\\n' ${v} >&2`,
     '    exit 1',
     '  fi',
-    // Left by an earlier run of this pod that was killed before its trap ran: those sockets lead
-    // nowhere and would end the wait for the forwards at once.
-    '  rm -f -- "$bh_dir"/*.sock',
+    ...(dir.reused ?? []).map((line) => `  ${line}`),
     'fi',
   ];
 }

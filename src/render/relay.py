@@ -857,12 +857,15 @@ def _stop_server(child):
             time.sleep(0.02)
 
 
-def _job_gone(directory, identity, job_shell):
-    """For the holder, whose parent is the job's shell."""
-    if os.getppid() != job_shell:
-        return True
+def _dir_gone(directory, identity):
+    """The socket dir was removed (the job's trap) or replaced by another."""
     now = _dir_identity(directory)
     return now is None or (now != "unknown" and now != identity)
+
+
+def _job_gone(directory, identity, job_shell):
+    """For the holder, whose parent is the job's shell."""
+    return os.getppid() != job_shell or _dir_gone(directory, identity)
 
 
 def _alive(pid):
@@ -893,8 +896,7 @@ def _relay(data, directory, identity, job_shell, holder, my_uid):
         if not _alive(job_shell):
             log("parent process %d ended; exiting" % job_shell)
             return 0
-        now = _dir_identity(directory)
-        if now is None or (now != "unknown" and now != identity):
+        if _dir_gone(directory, identity):
             log("socket dir %s is gone; exiting" % directory)
             return 0
 

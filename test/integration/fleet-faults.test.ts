@@ -4,6 +4,7 @@ import type { Socket } from 'node:net';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { POD_STATES, type PodStateName } from '../../src/machines/pod-machine.js';
 import { sendEvent } from '../../src/workers/queues.js';
 import {
   allActive,
@@ -122,16 +123,8 @@ describe.each([
   }, 240_000);
 });
 
-/** The states a pod passes on its way up, in order. */
-const SETUP_ORDER = [
-  'validating',
-  'rendering',
-  'launchingShadow',
-  'waitingBatchHost',
-  'openingCarrier',
-  'establishingForwards',
-  'active',
-] as const;
+/** The states a pod passes on its way up, in order (the machine lists them so). */
+const SETUP_ORDER = POD_STATES.slice(0, POD_STATES.indexOf('active') + 1);
 
 describe('a pod deleted during its setup', () => {
   it('50 pods deleted in every setup state (each at its own): no forward after, no socket left', async () => {
@@ -156,7 +149,7 @@ describe('a pod deleted during its setup', () => {
         let state = 'none';
         while (Date.now() < deadline) {
           state = (await deps.store.load(p.uid))?.state ?? 'none';
-          if (SETUP_ORDER.indexOf(state as (typeof SETUP_ORDER)[number]) >= wanted) break;
+          if (SETUP_ORDER.indexOf(state as PodStateName) >= wanted) break;
           await sleep(50);
         }
         await sendEvent(deps.queues, p.uid, { type: 'POD_DELETED', at: Date.now() });
