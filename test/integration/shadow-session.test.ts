@@ -139,8 +139,16 @@ describe('shadow session when the job relay dies', () => {
     const jobId = await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
     const { phases, ended } = startSession(h, plan);
     await waitFor('forwards', () => phases.some((p) => p.type === 'FORWARDS_READY'), 60_000);
-    const pids = (await readFile(join(plan.socketDir, 'relay.pids'), 'utf8')).trim().split(' ').map(Number);
-    expect(pids, 'relay.pids').toHaveLength(2);
+    // The relay writes its pids just after it reports ready; the forwards can be up before that.
+    const pids = await waitFor(
+      'relay.pids naming the holder and the relaying process',
+      async () => {
+        const text = await readFile(join(plan.socketDir, 'relay.pids'), 'utf8').catch(() => '');
+        const found = text.trim().split(' ').filter(Boolean).map(Number);
+        return found.length === 2 ? found : undefined;
+      },
+      10_000,
+    );
     const killedAt = Date.now();
     for (const pid of pids) process.kill(pid, 'SIGKILL');
     const end = await ended;
