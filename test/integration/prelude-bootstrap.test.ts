@@ -7,6 +7,7 @@ import { carrierCommands } from '../../src/render/carrier-command.js';
 import { renderPrelude } from '../../src/render/prelude.js';
 import { BOOTSTRAP_EXIT, type BootstrapInput, carrierPaths, renderBootstrap } from '../../src/render/userspace-sshd.js';
 import { socketDir } from '../../src/spec/derivations.js';
+import { freePort } from '../../tools/sandbox/sshd.js';
 import { ensureUser, JOB_USER, OTHER_USER, runAs, spawnAs, type TestUser } from '../fixtures/users.js';
 import { KEYS, requestFor } from '../unit/render-fixtures.js';
 import { eventually, gone, STATE_SNIPPET, sleep, startScript, uniqueUid } from './script-runner.js';
@@ -163,7 +164,9 @@ describe('the carrier bootstrap', () => {
     const publicKey = (await readFile(`${keyFile}.pub`, 'utf8')).trim();
 
     const dir = await jobDir('boot-e2e');
-    const socksPort = 40000 + Math.floor(Math.random() * 20000);
+    // Ports the kernel just gave out: a random pick could be an ephemeral port in use.
+    const socksPort = await freePort();
+    const refusedPort = await freePort();
     const result = await bootstrap(renderBootstrap(input(dir, { authorizedKey: publicKey, socksPort })));
     expect(result.code, result.stderr).toBe(0);
     const hostKey = result.stdout.trim().replace(/^backhaul-hostkey /, '');
@@ -242,17 +245,21 @@ describe('the carrier bootstrap', () => {
       unixForward.kill('SIGTERM');
 
       // A TCP listener other than the SOCKS port is refused (PermitListen).
-      const tcpForward = ssh(`127.0.0.1:${socksPort + 1}:127.0.0.1:${echoPort}`);
+      const tcpForward = ssh(`127.0.0.1:${refusedPort}:127.0.0.1:${echoPort}`);
       let tcpStderr = '';
       tcpForward.stderr?.on('data', (chunk: Buffer) => {
         tcpStderr += chunk.toString();
       });
       const code = await new Promise<number | null>((resolve) => tcpForward.on('close', resolve));
-      expect(code).toBe(255);
+      expect(code, tcpStderr).toBe(255);
       expect(tcpStderr).toMatch(/remote port forwarding failed/);
 
       // The SOCKS port, on 127.0.0.1, is allowed.
       const socks = ssh(`127.0.0.1:${socksPort}`);
+      let socksStderr = '';
+      socks.stderr?.on('data', (chunk: Buffer) => {
+        socksStderr += chunk.toString();
+      });
       const listening = await eventually(
         () =>
           new Promise<boolean>((resolve) => {
@@ -264,7 +271,7 @@ describe('the carrier bootstrap', () => {
           }),
         10_000,
       );
-      expect(listening).toBe(true);
+      expect(listening, `ssh -R ${socksPort} said: ${socksStderr}`).toBe(true);
       socks.kill('SIGTERM');
       await sleep(100);
     } finally {

@@ -14,7 +14,7 @@ import {
   planFor,
   startSession,
   uid,
-  waitFor,
+  waitForForwards,
 } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, sbatch, waitForState } from '../fixtures/slurm.js';
 
@@ -84,9 +84,10 @@ describe('shadow session failures on the loopback site', () => {
     const h = await site('refused', { Sshd: 'userspace' });
     const podUid = uid();
     const plan = planFor(h, podUid, `15101:127.0.0.1:${echo.port}`);
-    await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
-    const { session, phases } = startSession(h, plan);
-    await waitFor('forwards', () => phases.some((p) => p.type === 'FORWARDS_READY'), 60_000);
+    const jobId = await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
+    const started = startSession(h, plan);
+    const { session } = started;
+    await waitForForwards(started, jobId);
     await session.close('test');
   }, 90_000);
 
@@ -145,10 +146,11 @@ describe('shadow session failures on the loopback site', () => {
     const h = allowed;
     const podUid = uid();
     const plan = planFor(h, podUid, `15105:127.0.0.1:${echo.port}`);
-    await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
+    const jobId = await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
     const before = new Set(h.site.node.processes());
-    const { session, phases, ended } = startSession(h, plan);
-    await waitFor('forwards', () => phases.some((p) => p.type === 'FORWARDS_READY'), 60_000);
+    const started = startSession(h, plan);
+    const { session, ended } = started;
+    await waitForForwards(started, jobId);
     // Stop the node sshd processes serving this session (not the listener's other clients).
     const ours = h.site.node.processes().filter((pid) => !before.has(pid));
     expect(ours.length).toBeGreaterThan(0);

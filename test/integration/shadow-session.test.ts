@@ -14,6 +14,7 @@ import {
   uid,
   userProcesses,
   waitFor,
+  waitForForwards,
   workload,
 } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, jobState, sbatch, scancel, stepsOf, waitForState } from '../fixtures/slurm.js';
@@ -70,8 +71,9 @@ describe.each([
     const podUid = uid();
     const plan = planFor(h, podUid, `15001:127.0.0.1:${echo.port}`);
     const jobId = await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
-    const { session, phases, ended } = startSession(h, plan);
-    await waitFor('forwards', () => phases.some((p) => p.type === 'FORWARDS_READY'), 60_000);
+    const started = startSession(h, plan);
+    const { session, ended } = started;
+    await waitForForwards(started, jobId);
     for (const f of plan.forwards) expect((await stat(f.socketPath)).isSocket()).toBe(true);
     const cancelledAt = Date.now();
     await scancel(jobId);
@@ -93,8 +95,9 @@ describe.each([
     const podUid = uid();
     const plan = planFor(h, podUid, `15002:127.0.0.1:${echo.port} 15003:127.0.0.1:${echo.port}`);
     const jobId = await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
-    const { session, phases, ended } = startSession(h, plan);
-    await waitFor('forwards', () => phases.some((p) => p.type === 'FORWARDS_READY'), 60_000);
+    const started = startSession(h, plan);
+    const { session, ended } = started;
+    await waitForForwards(started, jobId);
     await Promise.all([session.close('operator'), session.close('again')]);
     await session.close('third');
     expect(await ended).toEqual({ type: 'CLOSED', reason: 'operator' });
@@ -137,8 +140,9 @@ describe('shadow session when the job relay dies', () => {
     const podUid = uid();
     const plan = planFor(h, podUid, `15010:127.0.0.1:${echo.port}`);
     const jobId = await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
-    const { phases, ended } = startSession(h, plan);
-    await waitFor('forwards', () => phases.some((p) => p.type === 'FORWARDS_READY'), 60_000);
+    const started = startSession(h, plan);
+    const { phases, ended } = started;
+    await waitForForwards(started, jobId);
     // The relay writes its pids just after it reports ready; the forwards can be up before that.
     const pids = await waitFor(
       'relay.pids naming the holder and the relaying process',
