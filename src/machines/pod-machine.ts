@@ -8,21 +8,27 @@
  * store indexes `context.deadline` in the same compare-and-set that stores the snapshot, so arming or
  * withdrawing a deadline is a context change, not an effect, and cannot be lost between the two.
  *
- *   validating ─STEP_DONE(validate)─► rendering ─STEP_DONE(render)─► launchingShadow ─SHADOW_UP─►
- *   waitingBatchHost ─BATCH_HOST─► openingCarrier ─CARRIER_OPEN─► establishingForwards ─FORWARDS_READY─►
- *   active ─SOCKETS_VANISHED | JOB_ENDED─► tearingDown ─STEP_DONE(teardown)─► done
+ *   validating ─STEP_DONE(validate)─► rendering ─STEP_DONE(render)─► shadow ─SOCKETS_VANISHED | JOB_ENDED─►
+ *   tearingDown ─STEP_DONE(teardown)─► done
  *
- *   from any shadow state: CARRIER_LOST | SESSION_FAILED | STEP_FAILED(launch) | DEADLINE
- *     → launchingShadow (next generation, after backoff) while launches are left, else → failed;
- *     the site out of reach (login- or slurm-unreachable) spends no launch: the pod waits, backing off to 30 s;
- *     a permanent error (and the node wait deadline) → failed at once. The old shadow is stopped.
- *   a report of a later phase skips the missed ones; a late report of a passed phase only fills in data.
+ *   shadow (the current generation's shadow; a compound state):
+ *     launchingShadow ─SHADOW_UP─► waitingBatchHost ─BATCH_HOST─► openingCarrier ─CARRIER_OPEN─►
+ *     establishingForwards ─FORWARDS_READY─► active
+ *     a report of a later phase skips the missed ones; a late report of a passed phase only fills in data.
+ *     CARRIER_LOST | SESSION_FAILED | STEP_FAILED(launch) | DEADLINE (the one the phase armed)
+ *       → launchingShadow (next generation, after backoff) while launches are left, else → failed;
+ *       the site out of reach (login- or slurm-unreachable) spends no launch: the pod waits, backing off to 30 s;
+ *       a permanent error (and the node wait deadline) → failed at once. The old shadow is stopped.
+ *
  *   from every state but done: TEARDOWN | POD_DELETED → tearingDown.
  *   failed ─RETRY─► validating (or ─► tearingDown when it was a teardown that failed).
  *
+ * A stored pod names its leaf state (`active`, not `shadow.active`): leaf names are unique, and the
+ * stored form did not change when the shadow phases became one compound state.
+ *
  * Reports, deadlines and step results of another generation are ignored: no transition, no effects.
  */
-import { type AnyActorScope, and, assign, createActor, setup } from 'xstate';
+import { type AnyActorScope, and, assign, createActor, type StateValue, setup } from 'xstate';
 import {
   deadlineTimeout,
   errorOf,
@@ -90,7 +96,7 @@ const advanceTo = (target: PodStateName) => ({ guard: 'isCurrent', target, actio
 const fillIn = { guard: and(['isCurrent', 'reportAddsInfo']), actions: 'noteReport' } as const;
 
 /** The job ended or its sockets vanished: nothing left to hold up. */
-const endShadow = { guard: 'isCurrent', target: 'tearingDown', actions: 'noteTeardown' } as const;
+const endShadow = { guard: 'isCurrent', target: '#pod.tearingDown', actions: 'noteTeardown' } as const;
 
 /**
  * The current shadow ended badly: a permanent error → failed; launches left → the next generation
@@ -108,9 +114,9 @@ function relaunchOrFail(when: typeof REPORT | typeof LAUNCH_STEP) {
     },
   ] as const;
   return [
-    { guard: when.permanent, target: 'failed', actions },
-    { guard: when.withBudget, target: 'launchingShadow', reenter: true, actions },
-    { guard: when.current, target: 'failed', actions },
+    { guard: when.permanent, target: '#pod.failed', actions },
+    { guard: when.withBudget, target: '#pod.shadow.launchingShadow', reenter: true, actions },
+    { guard: when.current, target: '#pod.failed', actions },
   ] as const;
 }
 
@@ -242,91 +248,76 @@ export const podMachine = setup({
       meta: { step: 'render', pure: true },
       entry: { type: 'runStep', params: ({ context }) => ({ step: 'render', generation: context.generation }) },
       on: {
-        STEP_DONE: { guard: stepGuard('render'), target: 'launchingShadow' },
+        STEP_DONE: { guard: stepGuard('render'), target: 'shadow' },
         STEP_FAILED: { guard: stepGuard('render'), target: 'failed', actions: 'noteError' },
       },
     },
 
-    launchingShadow: {
+    // The shadow of the current generation, from its launch to forwards that are up. What every phase
+    // does alike is said once here; each phase adds only how far a report moves it.
+    shadow: {
       tags: ['shadow'],
-      meta: { step: 'launch' },
-      entry: ['beginLaunch', { type: 'runStep', params: launchStep }, ...armDeadline('launchingShadow')],
-      exit: disarmDeadline,
+      initial: 'launchingShadow',
       on: {
-        SHADOW_UP: advanceTo('waitingBatchHost'),
-        // A report of a later phase means the earlier ones happened (reports may overtake each other).
-        BATCH_HOST: advanceTo('openingCarrier'),
-        CARRIER_OPEN: advanceTo('establishingForwards'),
-        FORWARDS_READY: advanceTo('active'),
-        SOCKETS_VANISHED: endShadow,
-        JOB_ENDED: endShadow,
-        CARRIER_LOST: relaunchOrFail(REPORT),
-        SESSION_FAILED: relaunchOrFail(REPORT),
-        STEP_FAILED: relaunchOrFail(LAUNCH_STEP),
-        DEADLINE: relaunchOrFail(REPORT),
-      },
-    },
-
-    waitingBatchHost: {
-      tags: ['shadow', 'shadowRunning'],
-      entry: armDeadline('waitingBatchHost'),
-      exit: disarmDeadline,
-      on: {
+        // A late report of a phase already passed only fills in what it knows.
         SHADOW_UP: fillIn,
-        BATCH_HOST: advanceTo('openingCarrier'),
-        CARRIER_OPEN: advanceTo('establishingForwards'),
-        FORWARDS_READY: advanceTo('active'),
+        BATCH_HOST: fillIn,
         SOCKETS_VANISHED: endShadow,
         JOB_ENDED: endShadow,
         CARRIER_LOST: relaunchOrFail(REPORT),
         SESSION_FAILED: relaunchOrFail(REPORT),
+        // Only the deadline the phase armed is current (isCurrent): none is armed once active.
         // The node wait deadline is a permanent error (errorOf): waiting again would only wait as long again.
         DEADLINE: relaunchOrFail(REPORT),
       },
-    },
+      states: {
+        launchingShadow: {
+          meta: { step: 'launch' },
+          entry: ['beginLaunch', { type: 'runStep', params: launchStep }, ...armDeadline('launchingShadow')],
+          exit: disarmDeadline,
+          on: {
+            SHADOW_UP: advanceTo('waitingBatchHost'),
+            // A report of a later phase means the earlier ones happened (reports may overtake each other).
+            BATCH_HOST: advanceTo('openingCarrier'),
+            CARRIER_OPEN: advanceTo('establishingForwards'),
+            FORWARDS_READY: advanceTo('active'),
+            STEP_FAILED: relaunchOrFail(LAUNCH_STEP),
+          },
+        },
 
-    openingCarrier: {
-      tags: ['shadow', 'shadowRunning'],
-      entry: armDeadline('openingCarrier'),
-      exit: disarmDeadline,
-      on: {
-        SHADOW_UP: fillIn,
-        BATCH_HOST: fillIn,
-        CARRIER_OPEN: advanceTo('establishingForwards'),
-        FORWARDS_READY: advanceTo('active'),
-        SOCKETS_VANISHED: endShadow,
-        JOB_ENDED: endShadow,
-        CARRIER_LOST: relaunchOrFail(REPORT),
-        SESSION_FAILED: relaunchOrFail(REPORT),
-        DEADLINE: relaunchOrFail(REPORT),
-      },
-    },
+        waitingBatchHost: {
+          tags: ['shadowRunning'],
+          entry: armDeadline('waitingBatchHost'),
+          exit: disarmDeadline,
+          on: {
+            BATCH_HOST: advanceTo('openingCarrier'),
+            CARRIER_OPEN: advanceTo('establishingForwards'),
+            FORWARDS_READY: advanceTo('active'),
+          },
+        },
 
-    establishingForwards: {
-      tags: ['shadow', 'shadowRunning'],
-      entry: armDeadline('establishingForwards'),
-      exit: disarmDeadline,
-      on: {
-        SHADOW_UP: fillIn,
-        BATCH_HOST: fillIn,
-        FORWARDS_READY: advanceTo('active'),
-        SOCKETS_VANISHED: endShadow,
-        JOB_ENDED: endShadow,
-        CARRIER_LOST: relaunchOrFail(REPORT),
-        SESSION_FAILED: relaunchOrFail(REPORT),
-        DEADLINE: relaunchOrFail(REPORT),
-      },
-    },
+        openingCarrier: {
+          tags: ['shadowRunning'],
+          entry: armDeadline('openingCarrier'),
+          exit: disarmDeadline,
+          on: {
+            CARRIER_OPEN: advanceTo('establishingForwards'),
+            FORWARDS_READY: advanceTo('active'),
+          },
+        },
 
-    active: {
-      tags: ['shadow', 'shadowRunning', 'settled'],
-      on: {
-        SHADOW_UP: fillIn,
-        BATCH_HOST: fillIn,
-        SOCKETS_VANISHED: endShadow,
-        JOB_ENDED: endShadow,
-        CARRIER_LOST: relaunchOrFail(REPORT),
-        SESSION_FAILED: relaunchOrFail(REPORT),
+        establishingForwards: {
+          tags: ['shadowRunning'],
+          entry: armDeadline('establishingForwards'),
+          exit: disarmDeadline,
+          on: {
+            FORWARDS_READY: advanceTo('active'),
+          },
+        },
+
+        active: {
+          tags: ['shadowRunning', 'settled'],
+        },
       },
     },
 
@@ -368,25 +359,52 @@ export const podMachine = setup({
 export type PodTag = 'shadow' | 'shadowRunning' | 'settled';
 
 interface StateNodeView {
-  tags: readonly string[];
+  key: string;
+  path: readonly string[];
+  tags: ReadonlySet<string>;
   meta?: { step?: StepName; pure?: boolean };
+  states: Record<string, StateNodeView>;
 }
 
-const stateNodes = podMachine.states as unknown as Record<PodStateName, StateNodeView>;
+/**
+ * The chart's leaves, by name (the names are unique across the chart; a stored pod names its leaf), each
+ * with its path from the root and the tags of the leaf and of every state around it.
+ */
+const leaves: ReadonlyMap<PodStateName, { path: readonly string[]; tags: ReadonlySet<string>; node: StateNodeView }> =
+  (() => {
+    const found = new Map<PodStateName, { path: readonly string[]; tags: ReadonlySet<string>; node: StateNodeView }>();
+    const walk = (node: StateNodeView, inherited: readonly string[]) => {
+      const tags = [...inherited, ...node.tags];
+      const children = Object.values(node.states);
+      if (children.length === 0) found.set(node.key as PodStateName, { path: node.path, tags: new Set(tags), node });
+      for (const child of children) walk(child, tags);
+    };
+    for (const node of Object.values(podMachine.root.states as unknown as Record<string, StateNodeView>))
+      walk(node, []);
+    return found;
+  })();
+
+/** The leaf states of the chart, as stored (restore and `status` rely on these names). */
+export const CHART_STATES: readonly PodStateName[] = [...leaves.keys()];
+
+const stateNodes = Object.fromEntries([...leaves].map(([name, leaf]) => [name, leaf.node])) as Record<
+  PodStateName,
+  StateNodeView
+>;
 
 /** Whether a state carries a tag, read from the chart (works on stored state names). */
 export function stateHasTag(state: PodStateName, tag: PodTag): boolean {
-  return stateNodes[state]?.tags.includes(tag) ?? false;
+  return leaves.get(state)?.tags.has(tag) ?? false;
 }
 
 /** The states with a tag. */
 export function statesTagged(tag: PodTag): ReadonlySet<PodStateName> {
-  return new Set((Object.keys(stateNodes) as PodStateName[]).filter((state) => stateHasTag(state, tag)));
+  return new Set(CHART_STATES.filter((state) => stateHasTag(state, tag)));
 }
 
 /** The step each step state runs on entry, from the chart's `meta.step`. */
 export const STEP_OF_STATE: Readonly<Partial<Record<PodStateName, StepName>>> = Object.fromEntries(
-  (Object.keys(stateNodes) as PodStateName[]).flatMap((state) => {
+  CHART_STATES.flatMap((state) => {
     const step = stateNodes[state].meta?.step;
     return step ? [[state, step]] : [];
   }),
@@ -427,8 +445,22 @@ export interface PodTransition extends PodStep {
 
 export type RestoreResult = { ok: true; snapshot: PodSnapshot } | { ok: false; error: RestoreError };
 
+/** The pod's leaf state: `{ shadow: 'active' }` is `active`. */
 export function stateOf(snapshot: PodSnapshot): PodStateName {
-  return snapshot.value as PodStateName;
+  let value: unknown = snapshot.value;
+  while (typeof value === 'object' && value !== null) value = Object.values(value)[0];
+  return value as PodStateName;
+}
+
+/** Where a leaf sits in the chart, e.g. `shadow.active` (its state node's id is `pod.` and this). */
+export function statePath(state: PodStateName): string {
+  return (leaves.get(state)?.path ?? [state]).join('.');
+}
+
+/** The chart's value of a leaf state: `active` is `{ shadow: 'active' }`. */
+function valueOf(state: PodStateName): StateValue {
+  const path = leaves.get(state)?.path ?? [state];
+  return path.slice(0, -1).reduceRight<StateValue>((inner, key) => ({ [key]: inner }), state);
 }
 
 /** The first snapshot of a pod and the effects of entering `validating`. Throws on bad input (a caller's bug). */
@@ -543,7 +575,7 @@ export function restorePod(persisted: unknown): RestoreResult {
     };
   }
   try {
-    return { ok: true, snapshot: podMachine.resolveState({ value: state, context: context.data }) };
+    return { ok: true, snapshot: podMachine.resolveState({ value: valueOf(state), context: context.data }) };
   } catch (err) {
     return {
       ok: false,

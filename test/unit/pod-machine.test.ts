@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { transition } from 'xstate';
 import {
   applyEvent,
+  CHART_STATES,
   DEADLINE_NAMES,
   MACHINE_VERSION,
   POD_ACTION_TYPES,
@@ -27,6 +28,7 @@ import {
   startPod,
   stateHasTag,
   stateOf,
+  statePath,
   statesTagged,
 } from '../../src/machines/pod-machine.js';
 import { backoffDelay, deadlineTimeout } from '../../src/machines/pod-rules.js';
@@ -162,6 +164,37 @@ function reach(target: PodStateName, input: PodInput = INPUT): PodSnapshot {
 const types = (actions: PodAction[]) => actions.map((a) => a.type);
 
 describe('pod machine: its topology, read from the chart by the code outside it', () => {
+  it('holds the shadow phases in one compound state, whose transitions they share', () => {
+    const shadow = podMachine.getStateNodeById('pod.shadow');
+    expect(Object.keys(shadow.states)).toEqual([...statesTagged('shadow')]);
+    expect(shadow.tags).toEqual(['shadow']);
+    // Said once, on the parent: each phase ends the same way.
+    for (const event of ['SOCKETS_VANISHED', 'JOB_ENDED', 'CARRIER_LOST', 'SESSION_FAILED', 'DEADLINE'])
+      expect(Object.keys(shadow.config.on ?? {}), event).toContain(event);
+    for (const phase of Object.values(shadow.states))
+      for (const event of ['SOCKETS_VANISHED', 'JOB_ENDED', 'CARRIER_LOST', 'SESSION_FAILED', 'DEADLINE'])
+        expect(Object.keys(phase.config.on ?? {}), `${phase.key} ${event}`).not.toContain(event);
+    // Stored pods name the leaf; the value XState keeps is the path.
+    const active = reach('active');
+    expect(active.value).toEqual({ shadow: 'active' });
+    expect(stateOf(active)).toBe('active');
+    expect(persistPod(active).state).toBe('active');
+    expect(statePath('active')).toBe('shadow.active');
+    expect(statePath('failed')).toBe('failed');
+  });
+
+  it('restores a stored phase into the compound state, and it goes on from there', () => {
+    const stored = JSON.parse(JSON.stringify(persistPod(reach('openingCarrier'))));
+    expect(stored.state).toBe('openingCarrier');
+    const restored = restorePod(stored);
+    if (!restored.ok) throw restored.error;
+    expect(restored.snapshot.value).toEqual({ shadow: 'openingCarrier' });
+    expect(restored.snapshot.hasTag('shadowRunning')).toBe(true);
+    const { generation } = restored.snapshot.context;
+    const next = applyEvent(restored.snapshot, { type: 'CARRIER_OPEN', generation, at: T0 + 5 });
+    expect(next.to).toBe('establishingForwards');
+  });
+
   it('tags the shadow states, those whose shadow has reported, and the settled ones', () => {
     expect([...statesTagged('shadow')]).toEqual([
       'launchingShadow',
@@ -194,7 +227,7 @@ describe('pod machine: its topology, read from the chart by the code outside it'
 
   it('agrees with what the chart does: entering a step state asks for its step', () => {
     for (const [state, step] of Object.entries(STEP_OF_STATE)) {
-      const node = (podMachine.states as unknown as Record<string, { entry: readonly unknown[] }>)[state];
+      const node = podMachine.getStateNodeById(`pod.${statePath(state as PodStateName)}`);
       expect(JSON.stringify(node?.entry), state).toContain('runStep');
       expect(POD_STATES, step).toContain(state);
     }
@@ -862,7 +895,9 @@ describe('pod machine: persistence', () => {
 
 describe('pod machine: version', () => {
   it('POD_STATES is exactly the chart’s states (restore relies on it)', () => {
-    expect(Object.keys(podMachine.root.states).sort()).toEqual([...POD_STATES].sort());
+    expect([...CHART_STATES].sort()).toEqual([...POD_STATES].sort());
+    // Every name is a leaf of the chart, found once.
+    for (const state of POD_STATES) expect(podMachine.getStateNodeById(`pod.${statePath(state)}`).key).toBe(state);
   });
 
   it('the stored shape is pinned to MACHINE_VERSION: change states or context → bump the version', () => {
