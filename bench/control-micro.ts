@@ -25,13 +25,13 @@ import {
   restorePod,
   startPod,
 } from '../src/machines/pod-machine.js';
+import { type FleetDeps, fleetDeps, podLimits } from '../src/pods/fleet-deps.js';
+import { QUEUE_NAMES, sendEvent } from '../src/pods/queues.js';
 import { parseSiteConfig } from '../src/spec/site-config.js';
 import { createRedis } from '../src/store/redis.js';
 import { preloadScripts } from '../src/store/scripts.js';
 import { runEffects } from '../src/workers/effects.js';
-import { type FleetDeps, fleetDeps, podLimits } from '../src/workers/fleet-deps.js';
 import { applyPodEvent } from '../src/workers/pod-events.js';
-import { QUEUE_NAMES, sendEvent } from '../src/workers/queues.js';
 import { eventsUpTo } from '../test/fixtures/control-only.js';
 import { NO_CLUSTER_CHECKS } from '../tools/sandbox/loopback-site.js';
 import { say, selfCpuSeconds, sleep } from './control-common.js';

@@ -23,10 +23,10 @@ import { fileURLToPath } from 'node:url';
 import { type Job, QueueEvents, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { PodEvent } from '../src/machines/pod-machine.js';
+import { openQueues, QUEUE_NAMES, type SessionJobData, sendEvent } from '../src/pods/queues.js';
 import { RedisKeys } from '../src/store/keys.js';
 import { LeaseStore } from '../src/store/lease-store.js';
 import { createRedis, redisTimeMs } from '../src/store/redis.js';
-import { openQueues, QUEUE_NAMES, type SessionJobData, sendEvent } from '../src/workers/queues.js';
 import {
   type Child,
   commandCalls,

@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import { createLogger, silentLogger } from '../log.js';
+import { type FleetDeps, fleetDeps } from '../pods/fleet-deps.js';
 import { createRedis } from '../store/redis.js';
-import { type FleetDeps, fleetDeps } from '../workers/fleet-deps.js';
 import { CliError, EXIT } from './exit-codes.js';
 import { type ConfigOption, loadSiteConfig } from './inputs.js';
 

@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import type { FleetDeps } from '../pods/fleet-deps.js';
 import type { HistoryEntry } from '../store/snapshot-store.js';
-import type { FleetDeps } from '../workers/fleet-deps.js';
 import { CliError, EXIT } from './exit-codes.js';
 
 /** One line per transition: `<ISO time>  <EVENT>  <from> → <to>  (<detail>)`. */

@@ -1,7 +1,7 @@
 import { restorePod, stateOf } from '../machines/pod-machine.js';
+import type { FleetDeps } from '../pods/fleet-deps.js';
+import { jobIds } from '../pods/queues.js';
 import type { HistoryRecord, StoredPod } from '../store/snapshot-store.js';
-import type { FleetDeps } from '../workers/fleet-deps.js';
-import { jobIds } from '../workers/queues.js';
 
 /** One pod as `status --json` prints it (ARCHITECTURE.md §3.10). */
 export interface PodStatus {

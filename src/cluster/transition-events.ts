@@ -1,7 +1,7 @@
 import type { Logger } from '../log.js';
 import type { PodContext, PodEvent, PodStateName } from '../machines/pod-machine.js';
+import type { FleetDeps } from '../pods/fleet-deps.js';
 import { transitionEvents } from '../render/kube-events.js';
-import type { FleetDeps } from '../workers/fleet-deps.js';
 import type { EventRecorder } from './event-recorder.js';
 
 export type TransitionHook = NonNullable<FleetDeps['onTransition']>;

@@ -2,12 +2,12 @@ import { type Job, UnrecoverableError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { type PodAction, type PodEvent, PURE_STEPS, parsePodEvent, type StepName } from '../machines/pod-machine.js';
 import { countPodsWith, exhaustedSteps, ignoredEvents, steps, transitions } from '../metrics/fleet-metrics.js';
+import type { FleetDeps } from '../pods/fleet-deps.js';
+import { type EventJobData, QUEUE_NAMES, type StepJobData, sendEvent } from '../pods/queues.js';
 import { DeadlineClock, type DeadlineClockOptions } from './deadline-clock.js';
 import { forgetPod, runEffects } from './effects.js';
-import type { FleetDeps } from './fleet-deps.js';
 import { OutboxSweeper, type OutboxSweeperOptions } from './outbox-sweeper.js';
 import { applyPodEvent } from './pod-events.js';
-import { type EventJobData, QUEUE_NAMES, type StepJobData, sendEvent } from './queues.js';
 import { REAPER_JOB, reap } from './reaper.js';
 import { pureStepResult, runStep } from './step-runner.js';
 

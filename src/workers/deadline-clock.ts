@@ -1,8 +1,8 @@
 import { restorePod } from '../machines/pod-machine.js';
 import { deadlinesSent } from '../metrics/fleet-metrics.js';
-import type { FleetDeps } from './fleet-deps.js';
+import type { FleetDeps } from '../pods/fleet-deps.js';
+import { sendEvent } from '../pods/queues.js';
 import { PeriodicTask } from './periodic-task.js';
-import { sendEvent } from './queues.js';
 
 export interface DeadlineClockOptions {
   /** How often the deadline index is polled: a deadline is delivered at most this late. */

@@ -1,6 +1,6 @@
 import { type PodAction, STEPS, type StepName } from '../machines/pod-machine.js';
-import type { FleetDeps } from './fleet-deps.js';
-import { jobIds, KEEP_JOBS } from './queues.js';
+import type { FleetDeps } from '../pods/fleet-deps.js';
+import { jobIds, KEEP_JOBS } from '../pods/queues.js';
 
 /** Steps retry a few times on transient errors (Redis, the login node), backing off. */
 const STEP_RETRY = { attempts: 5, backoff: { type: 'exponential', delay: 1_000 } } as const;

@@ -1,8 +1,8 @@
 import { z } from 'zod';
 import { type PodAction, STEPS } from '../machines/pod-machine.js';
 import { outboxRepairs } from '../metrics/fleet-metrics.js';
+import type { FleetDeps } from '../pods/fleet-deps.js';
 import { runEffects } from './effects.js';
-import type { FleetDeps } from './fleet-deps.js';
 import { PeriodicTask } from './periodic-task.js';
 
 export interface OutboxSweeperOptions {

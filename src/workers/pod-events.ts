@@ -10,8 +10,8 @@ import {
   startPod,
   stateOf,
 } from '../machines/pod-machine.js';
+import { type FleetDeps, podLimits } from '../pods/fleet-deps.js';
 import type { HistoryEntry, PodWrite } from '../store/snapshot-store.js';
-import { type FleetDeps, podLimits } from './fleet-deps.js';
 
 export type ApplyResult =
   | {

@@ -1,7 +1,7 @@
 import { restorePod, STEP_OF_STATE, stateHasTag, stateOf } from '../machines/pod-machine.js';
+import type { FleetDeps } from '../pods/fleet-deps.js';
+import { jobIds, sendEvent } from '../pods/queues.js';
 import { forgetPod, queueStep } from './effects.js';
-import type { FleetDeps } from './fleet-deps.js';
-import { jobIds, sendEvent } from './queues.js';
 
 export const REAPER_JOB = 'bh-reaper';
 

@@ -3,15 +3,15 @@ import { type Job, WaitingError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { type PodEvent, stateHasTag } from '../machines/pod-machine.js';
 import { reportTunnelLoads, sessionEnds, shadowsHeld, sshCrypto } from '../metrics/fleet-metrics.js';
+import type { FleetDeps } from '../pods/fleet-deps.js';
+import { readPod } from '../pods/pod-reader.js';
+import { QUEUE_NAMES, type SessionJobData, sendEvent } from '../pods/queues.js';
 import { sshCryptoPath } from '../ssh/crypto-path.js';
 import { dialRulesOf } from '../ssh/endpoint-dial.js';
 import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
 import { ShadowSession, type ShadowSessionOptions } from '../ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../ssh/site-access.js';
 import { autoTunnelThreads, type Shadow, TunnelThreads } from '../ssh/tunnel-threads.js';
-import type { FleetDeps } from './fleet-deps.js';
-import { readPod } from './pod-reader.js';
-import { QUEUE_NAMES, type SessionJobData, sendEvent } from './queues.js';
 
 /**
  * BullMQ lock settings for shadows. A killed host stops renewing its job locks; the stall check moves

@@ -6,12 +6,12 @@ import {
   STATE_OF_STEP,
   type StepName,
 } from '../machines/pod-machine.js';
+import type { FleetDeps } from '../pods/fleet-deps.js';
+import { type PodView, readPod } from '../pods/pod-reader.js';
+import { jobIds, sendEvent } from '../pods/queues.js';
 import { isSpecError } from '../spec/spec-error.js';
 import { stopShadow } from './effects.js';
-import type { FleetDeps } from './fleet-deps.js';
 import { planOf, requestOf } from './pod-plan.js';
-import { type PodView, readPod } from './pod-reader.js';
-import { jobIds, sendEvent } from './queues.js';
 
 export type StepOutcome = 'done' | 'failed' | 'stale';
 

@@ -1,14 +1,14 @@
 import type { Server } from 'node:net';
 import type { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { RunningFleet } from '../../src/fleet/fleet.js';
 import { silentLogger } from '../../src/log.js';
 import type { PodAction, PodEvent } from '../../src/machines/pod-machine.js';
+import { type FleetDeps, fleetDeps } from '../../src/pods/fleet-deps.js';
+import { jobIds, sendEvent } from '../../src/pods/queues.js';
 import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
 import { runEffects } from '../../src/workers/effects.js';
-import type { RunningFleet } from '../../src/workers/fleet.js';
-import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
 import { type ApplyResult, applyPodEvent } from '../../src/workers/pod-events.js';
-import { jobIds, sendEvent } from '../../src/workers/queues.js';
 import { runStep } from '../../src/workers/step-runner.js';
 import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
 import { inProcessFleet, privateRedis, upsert, waitForPodState } from '../fixtures/fleet-harness.js';

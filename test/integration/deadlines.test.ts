@@ -2,11 +2,11 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/log.js';
 import { backoffDelay } from '../../src/machines/pod-rules.js';
 import { casConflicts, registry } from '../../src/metrics/fleet-metrics.js';
+import { type FleetDeps, fleetDeps } from '../../src/pods/fleet-deps.js';
+import { jobIds, sendEvent } from '../../src/pods/queues.js';
 import { ControlWorker } from '../../src/workers/control-worker.js';
 import { DeadlineClock } from '../../src/workers/deadline-clock.js';
-import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
 import { applyPodEvent } from '../../src/workers/pod-events.js';
-import { jobIds, sendEvent } from '../../src/workers/queues.js';
 import { controlOnlyConfig, drive, eventsUpTo, FORWARDS } from '../fixtures/control-only.js';
 import { privateRedis, waitForPodState } from '../fixtures/fleet-harness.js';
 

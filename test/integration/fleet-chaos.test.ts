@@ -1,8 +1,8 @@
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import type { FleetDeps } from '../../src/workers/fleet-deps.js';
-import { jobIds, sendEvent } from '../../src/workers/queues.js';
+import type { FleetDeps } from '../../src/pods/fleet-deps.js';
+import { jobIds, sendEvent } from '../../src/pods/queues.js';
 import { firstOkAfter, prober } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { type Harness, jobScript, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';

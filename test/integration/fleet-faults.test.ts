@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { POD_STATES, type PodStateName } from '../../src/machines/pod-machine.js';
-import { sendEvent } from '../../src/workers/queues.js';
+import { sendEvent } from '../../src/pods/queues.js';
 import {
   allActive,
   timelines as allTimelines,

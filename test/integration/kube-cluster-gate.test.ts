@@ -3,14 +3,14 @@ import { ClusterGate } from '../../src/cluster/cluster-gate.js';
 import { EventRecorder } from '../../src/cluster/event-recorder.js';
 import { KUBE_API_ACCESS, KUBE_API_GROUP } from '../../src/cluster/kube-api.js';
 import { PodWatcher } from '../../src/cluster/pod-watcher.js';
+import { type RunningFleet, startFleet } from '../../src/fleet/fleet.js';
 import { silentLogger } from '../../src/log.js';
 import { restorePod } from '../../src/machines/pod-machine.js';
+import { sendEvent } from '../../src/pods/queues.js';
 import { ANNOTATION } from '../../src/spec/annotations.js';
 import { CLUSTER_VERDICT } from '../../src/spec/cluster-verdict.js';
 import type { SiteConfig } from '../../src/spec/site-config.js';
 import { createRedis } from '../../src/store/redis.js';
-import { type RunningFleet, startFleet } from '../../src/workers/fleet.js';
-import { sendEvent } from '../../src/workers/queues.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
 import { type KubeHarness, kubeHarness, kubeSite, VIRTUAL_NODE, waitFor } from '../fixtures/kube-harness.js';
 

@@ -1,6 +1,6 @@
 import { stat } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { FleetDeps } from '../../src/workers/fleet-deps.js';
+import type { FleetDeps } from '../../src/pods/fleet-deps.js';
 import type { LoopbackSite } from '../sandbox/loopback-site.js';
 import { descendantsOf, processTable } from '../sandbox/processes.js';
 import { jobState, stepsOf, TERMINAL_STATES } from '../sandbox/slurm.js';

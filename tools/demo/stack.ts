@@ -3,14 +3,14 @@ import { chown, mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { silentLogger } from '../../src/log.js';
+import { type FleetDeps, fleetDeps } from '../../src/pods/fleet-deps.js';
+import { sendEvent } from '../../src/pods/queues.js';
 import { renderPrelude } from '../../src/render/prelude.js';
 import { renderSessionPlan, type SessionPlan } from '../../src/render/session-plan.js';
 import { ANNOTATION } from '../../src/spec/annotations.js';
 import { parseReverseRequest, type ReverseRequest, requestContext } from '../../src/spec/reverse-request.js';
 import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
 import { createRedis } from '../../src/store/redis.js';
-import { type FleetDeps, fleetDeps } from '../../src/workers/fleet-deps.js';
-import { sendEvent } from '../../src/workers/queues.js';
 import {
   LOOPBACK_ENDPOINT_POLICY,
   type LoopbackSite,

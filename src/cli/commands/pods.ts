@@ -1,9 +1,9 @@
 import { randomUUID } from 'node:crypto';
 import type { Command } from 'commander';
 import { type PodEvent, type PodStateName, restorePod, stateOf, statesTagged } from '../../machines/pod-machine.js';
+import type { FleetDeps } from '../../pods/fleet-deps.js';
+import { sendEvent } from '../../pods/queues.js';
 import { parseReverseRequest, requestContext } from '../../spec/reverse-request.js';
-import type { FleetDeps } from '../../workers/fleet-deps.js';
-import { sendEvent } from '../../workers/queues.js';
 import { CliError, EXIT } from '../exit-codes.js';
 import { type FleetOption, fleetOptions, resolvePod, withFleet } from '../fleet-connection.js';
 import { fromFile, loadPod } from '../inputs.js';

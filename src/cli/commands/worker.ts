@@ -1,9 +1,9 @@
 import { type Command, InvalidArgumentError } from 'commander';
-import type { HealthServer } from '../../cluster/health.js';
+import type { RunningFleet } from '../../fleet/fleet.js';
+import type { HealthServer } from '../../fleet/health.js';
+import { defaultHostId, ROLES, type Role } from '../../fleet/roles.js';
 import { createLogger } from '../../log.js';
 import { createRedis } from '../../store/redis.js';
-import type { RunningFleet } from '../../workers/fleet.js';
-import { defaultHostId, ROLES, type Role } from '../../workers/roles.js';
 import { type FleetOption, fleetOptions } from '../fleet-connection.js';
 import { loadSiteConfig } from '../inputs.js';
 
@@ -48,8 +48,8 @@ export function registerWorker(program: Command): void {
   ).action(async (flags: WorkerFlags) => {
     // Loaded here: the fleet (SSH, Kubernetes client, BullMQ workers) is not needed by any other command.
     const [{ startFleet }, { startHealthServer }, { metricsText }] = await Promise.all([
-      import('../../workers/fleet.js'),
-      import('../../cluster/health.js'),
+      import('../../fleet/fleet.js'),
+      import('../../fleet/health.js'),
       import('../../metrics/fleet-metrics.js'),
     ]);
     const config = await loadSiteConfig(flags);

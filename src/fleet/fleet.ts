@@ -1,12 +1,12 @@
 import type { Redis } from 'ioredis';
-import { type ClusterRoleOptions, type ClusterRoles, startClusterRoles } from '../cluster/cluster-roles.js';
 import type { Logger } from '../log.js';
+import { type FleetDeps, type FleetDepsOptions, fleetDeps } from '../pods/fleet-deps.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { preloadScripts } from '../store/scripts.js';
-import { ControlWorker } from './control-worker.js';
-import { type FleetDeps, type FleetDepsOptions, fleetDeps } from './fleet-deps.js';
+import { ControlWorker } from '../workers/control-worker.js';
+import { SessionHost } from '../workers/session-host.js';
+import { type ClusterRoleOptions, type ClusterRoles, startClusterRoles } from './cluster-roles.js';
 import { defaultHostId, type Role } from './roles.js';
-import { SessionHost } from './session-host.js';
 
 export { defaultHostId, ROLES, type Role } from './roles.js';
 

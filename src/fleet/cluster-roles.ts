@@ -1,11 +1,11 @@
 import type { KubeConfig } from '@kubernetes/client-node';
-import type { FleetDeps } from '../workers/fleet-deps.js';
-import type { Role } from '../workers/roles.js';
-import { EventRecorder, type EventRecorderOptions } from './event-recorder.js';
-import { loadKubeConfig } from './kube-api.js';
-import { PodWatcher, type PodWatcherOptions } from './pod-watcher.js';
-import { type TransitionHook, transitionHook } from './transition-events.js';
-import { WebhookServer, type WebhookServerOptions } from './webhook-server.js';
+import { EventRecorder, type EventRecorderOptions } from '../cluster/event-recorder.js';
+import { loadKubeConfig } from '../cluster/kube-api.js';
+import { PodWatcher, type PodWatcherOptions } from '../cluster/pod-watcher.js';
+import { type TransitionHook, transitionHook } from '../cluster/transition-events.js';
+import { WebhookServer, type WebhookServerOptions } from '../cluster/webhook-server.js';
+import type { FleetDeps } from '../pods/fleet-deps.js';
+import type { Role } from './roles.js';
 
 export interface ClusterRoleOptions {
   /** Instead of Backhaul.Kubernetes.Kubeconfig / the service account. */
@@ -26,7 +26,7 @@ export interface ClusterRoles {
 }
 
 /**
- * The Kubernetes side of a fleet member (src/workers/fleet.ts): the watch and webhook roles, and the
+ * The Kubernetes side of a fleet member (fleet.ts): the watch and webhook roles, and the
  * Event recorder behind the control role's `onTransition` hook. Without a cluster (no kubeconfig, not in
  * a pod) the control role simply records no Events; the watch role refuses to start.
  */

@@ -1,0 +1,103 @@
+import { readdirSync, readFileSync } from 'node:fs';
+import { dirname, join, normalize, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+/**
+ * The floors of src/ (docs/ARCHITECTURE.md §2.2), bottom first. A file may import its own directory and
+ * the floors below; two directories on one floor do not import each other.
+ */
+const FLOORS: readonly (readonly string[])[] = [
+  ['spec', 'machines', 'log.ts'],
+  ['render', 'store', 'metrics'],
+  ['ssh'],
+  ['site'],
+  ['pods'],
+  ['workers', 'cluster'],
+  ['fleet'],
+  ['cli'],
+];
+
+const SRC = fileURLToPath(new URL('../../src/', import.meta.url));
+
+function sourceFiles(dir: string): string[] {
+  return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory()) return sourceFiles(path);
+    return entry.name.endsWith('.ts') ? [path] : [];
+  });
+}
+
+/** Every relative module a file names: `import … from`, `export … from`, `import()`, type-only included. */
+function importsOf(file: string): string[] {
+  const text = readFileSync(file, 'utf8');
+  const specs = [...text.matchAll(/(?:from\s+|import\s*\(\s*|import\s+)'(\.[^']+)'/g)].map((m) => m[1] as string);
+  return specs.map((spec) => normalize(join(dirname(file), spec)).replace(/\.js$/, '.ts'));
+}
+
+/** The floor directory of a file under src/: its first path segment (`log.ts` for src/log.ts). */
+const unitOf = (file: string) => relative(SRC, file).split('/')[0] as string;
+const floorOf = (unit: string) => FLOORS.findIndex((floor) => floor.includes(unit));
+
+const files = sourceFiles(SRC);
+const graph = new Map(files.map((file) => [file, importsOf(file)]));
+
+describe('the import graph of src/', () => {
+  it('puts every directory of src/ on a floor', () => {
+    const units = [...new Set(files.map(unitOf))].sort();
+    expect(units.filter((unit) => floorOf(unit) < 0)).toEqual([]);
+  });
+
+  it('has no arrow back up and none sideways between two directories of one floor', () => {
+    const wrong: string[] = [];
+    for (const [file, targets] of graph) {
+      for (const target of targets) {
+        if (!target.startsWith(SRC)) {
+          wrong.push(`${relative(SRC, file)} → ${target} (outside src/)`);
+          continue;
+        }
+        const from = unitOf(file);
+        const to = unitOf(target);
+        if (from === to) continue;
+        if (floorOf(to) >= floorOf(from)) wrong.push(`${relative(SRC, file)} → ${relative(SRC, target)}`);
+      }
+    }
+    expect(wrong).toEqual([]);
+  });
+
+  it('has no cycle between files', () => {
+    const cycles: string[] = [];
+    const state = new Map<string, 'open' | 'done'>();
+    const stack: string[] = [];
+    const visit = (file: string) => {
+      state.set(file, 'open');
+      stack.push(file);
+      for (const target of graph.get(file) ?? []) {
+        if (!graph.has(target)) continue;
+        const seen = state.get(target);
+        if (seen === 'open') {
+          cycles.push(
+            stack
+              .slice(stack.indexOf(target))
+              .concat(target)
+              .map((f) => relative(SRC, f))
+              .join(' → '),
+          );
+        } else if (seen === undefined) visit(target);
+      }
+      stack.pop();
+      state.set(file, 'done');
+    };
+    for (const file of graph.keys()) if (!state.has(file)) visit(file);
+    expect(cycles).toEqual([]);
+  });
+
+  it('reads the imports it judges (a check that finds none would pass anything)', () => {
+    const workerImports = [...graph.entries()]
+      .filter(([file]) => unitOf(file) === 'workers')
+      .flatMap(([, targets]) => targets.map(unitOf));
+    expect(workerImports).toContain('pods');
+    expect(workerImports).toContain('machines');
+    expect(files.length).toBeGreaterThan(80);
+  });
+});
