@@ -458,7 +458,7 @@ export function statePath(state: PodStateName): string {
 }
 
 /** The chart's value of a leaf state: `active` is `{ shadow: 'active' }`. */
-function valueOf(state: PodStateName): StateValue {
+function chartValueOf(state: PodStateName): StateValue {
   const path = leaves.get(state)?.path ?? [state];
   return path.slice(0, -1).reduceRight<StateValue>((inner, key) => ({ [key]: inner }), state);
 }
@@ -575,7 +575,7 @@ export function restorePod(persisted: unknown): RestoreResult {
     };
   }
   try {
-    return { ok: true, snapshot: podMachine.resolveState({ value: valueOf(state), context: context.data }) };
+    return { ok: true, snapshot: podMachine.resolveState({ value: chartValueOf(state), context: context.data }) };
   } catch (err) {
     return {
       ok: false,
