@@ -1,5 +1,5 @@
-import { restorePod, stateOf } from '../machines/pod-machine.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
+import { podRecordOf } from '../pods/pod-reader.js';
 import { jobIds } from '../pods/queues.js';
 import type { HistoryRecord, StoredPod } from '../store/snapshot-store.js';
 
@@ -32,7 +32,7 @@ export interface PodDetail extends PodStatus {
 }
 
 function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
-  const restored = restorePod(stored.snapshot);
+  const record = podRecordOf(stored);
   const entered = [...history].reverse().find((h) => h.to === stored.state && h.from !== h.to) ?? history[0];
   const base = {
     uid: stored.uid,
@@ -41,7 +41,7 @@ function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
     since: entered?.at ?? null,
     history,
   };
-  if (!restored.ok) {
+  if (!record.ok) {
     return {
       ...base,
       state: stored.state,
@@ -52,13 +52,13 @@ function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
       batchHost: null,
       lastError: null,
       deadline: null,
-      snapshotError: restored.error.message,
+      snapshotError: record.error.message,
     };
   }
-  const c = restored.snapshot.context;
+  const c = record.context;
   return {
     ...base,
-    state: stateOf(restored.snapshot),
+    state: record.state,
     generation: c.generation,
     attempts: c.attempts,
     host: c.host,

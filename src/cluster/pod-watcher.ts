@@ -1,12 +1,12 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { CoreV1Api, type KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from '../log.js';
-import { type PodEvent, restorePod } from '../machines/pod-machine.js';
+import type { PodEvent } from '../machines/pod-machine.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
+import { isEnding, loadPodRecord, loadPodRecords, type PodRecord } from '../pods/pod-reader.js';
 import { ANNOTATION } from '../spec/annotations.js';
 import { CLUSTER_VERDICT, type ClusterVerdict, clusterChecksOn, formatVerdict } from '../spec/cluster-verdict.js';
 import type { KubernetesConfig } from '../spec/site-config.js';
-import type { StoredPod } from '../store/snapshot-store.js';
 import { ClusterGate } from './cluster-gate.js';
 import type { EventRecorder } from './event-recorder.js';
 import { describeKubeError, kubeCall, statusCodeOf } from './kube-api.js';
@@ -167,9 +167,9 @@ export class PodWatcher {
     const { pod, verdict } = await this.withVerdict(watched);
     const fingerprint = podFingerprint(pod);
     if (this.sent.get(pod.uid) === fingerprint) return;
-    const stored = await this.deps.store.load(pod.uid);
-    if (!(await this.upToDate(pod, stored))) await this.sendUpsert(pod);
-    if (verdict && !verdict.ok) await this.refuse(pod, verdict.why, stored);
+    const record = await loadPodRecord(this.deps.store, pod.uid);
+    if (!(await this.upToDate(pod, record))) await this.sendUpsert(pod);
+    if (verdict && !verdict.ok) await this.refuse(pod, verdict.why, record);
     this.sent.set(pod.uid, fingerprint);
   }
 
@@ -188,17 +188,14 @@ export class PodWatcher {
    * serves it (the namespace lost its label, a NetworkPolicy appeared) is torn down. A new machine fails
    * in its validate step with the same words.
    */
-  private async refuse(pod: WatchedPod, why: string, stored: StoredPod | null): Promise<void> {
+  private async refuse(pod: WatchedPod, why: string, record: PodRecord | null): Promise<void> {
     if (this.refusals.get(pod.uid) !== why) {
       this.refusals.set(pod.uid, why);
       this.log.warn({ uid: pod.uid, pod: `${pod.namespace}/${pod.name}`, why }, 'pod refused by the cluster');
       this.opts.recorder?.record(pod, 'Warning', 'ReverseRefused', why);
     }
-    if (!stored || stored.state === 'validating' || stored.state === 'failed' || stored.state === 'done') return;
-    const restored = restorePod(stored.snapshot);
-    if (!restored.ok || restored.snapshot.context.podDeleted || restored.snapshot.context.teardownReason !== null) {
-      return;
-    }
+    // Not yet serving (validate refuses it by itself), failed, or already ending: nothing to tear down.
+    if (!record?.ok || record.state === 'validating' || record.state === 'failed' || isEnding(record)) return;
     await this.sendGone(pod.uid, pod, { kind: 'gone', event: 'TEARDOWN', reason: 'refused-by-cluster' });
   }
 
@@ -207,12 +204,11 @@ export class PodWatcher {
    * pod's machine was torn down and forgotten while the pod lives on (an operator's teardown, a job that
    * ended): its history is kept, and a new machine would start a tunnel nobody waits for.
    */
-  private async upToDate(pod: WatchedPod, known?: StoredPod | null): Promise<boolean> {
-    const stored = known === undefined ? await this.deps.store.load(pod.uid) : known;
-    if (!stored) return (await this.deps.redis.exists(this.deps.keys.history(pod.uid))) === 1;
-    const restored = restorePod(stored.snapshot);
-    if (!restored.ok) return true; // `status` shows it; an event cannot help
-    const ctx = restored.snapshot.context;
+  private async upToDate(pod: WatchedPod, known?: PodRecord | null): Promise<boolean> {
+    const record = known === undefined ? await loadPodRecord(this.deps.store, pod.uid) : known;
+    if (!record) return (await this.deps.redis.exists(this.deps.keys.history(pod.uid))) === 1;
+    if (!record.ok) return true; // `status` shows it; an event cannot help
+    const ctx = record.context;
     return (
       ctx.namespace === pod.namespace && ctx.name === pod.name && sameAnnotations(ctx.annotations, pod.annotations)
     );
@@ -242,14 +238,14 @@ export class PodWatcher {
   /** A pod that is gone (or going): end its machine, unless it is already ending or unknown. */
   private async onGone(uid: string, pod: Pick<WatchedPod, 'namespace' | 'name'>, gone: GoneEvent): Promise<void> {
     if (this.sent.get(uid) === 'gone') return;
-    const stored = await this.deps.store.load(uid);
-    if (stored) {
-      const restored = restorePod(stored.snapshot);
+    const record = await loadPodRecord(this.deps.store, uid);
+    if (record) {
+      // A deletion is still noted on a pod torn down for another reason (`status` shows it).
       const ending =
-        restored.ok &&
-        (stored.state === 'done' ||
-          restored.snapshot.context.podDeleted ||
-          (gone.event === 'TEARDOWN' && restored.snapshot.context.teardownReason !== null));
+        record.ok &&
+        (record.state === 'done' ||
+          record.context.podDeleted ||
+          (gone.event === 'TEARDOWN' && record.context.teardownReason !== null));
       if (!ending) await this.sendGone(uid, pod, gone);
     }
     this.sent.set(uid, 'gone');
@@ -292,7 +288,10 @@ export class PodWatcher {
     let upserts = 0;
     let ended = 0;
     const livePods = [...live.values()];
-    const stored = await this.deps.store.loadMany(livePods.map((p) => p.uid));
+    const stored = await loadPodRecords(
+      this.deps.store,
+      livePods.map((p) => p.uid),
+    );
     for (const [i, watched] of livePods.entries()) {
       if (this.stopped) return;
       const { pod, verdict } = await this.withVerdict(watched);
@@ -305,18 +304,19 @@ export class PodWatcher {
       this.sent.set(pod.uid, podFingerprint(pod));
     }
     const uids = await this.deps.store.list();
-    const records = await this.deps.store.loadMany(uids.filter((uid) => !live.has(uid)));
+    const records = await loadPodRecords(
+      this.deps.store,
+      uids.filter((uid) => !live.has(uid)),
+    );
     for (const record of records) {
-      if (!record || this.stopped) continue;
-      const restored = restorePod(record.snapshot);
-      if (!restored.ok) continue;
-      const ctx = restored.snapshot.context;
-      if (record.state === 'done' || ctx.podDeleted || ctx.teardownReason !== null) continue;
+      if (!record?.ok || this.stopped || isEnding(record)) continue;
+      const { uid } = record.stored;
+      const ctx = record.context;
       if (this.cfg.Namespace && ctx.namespace !== this.cfg.Namespace) continue;
-      const gone = await this.confirmGone(record.uid, ctx.namespace, ctx.name);
+      const gone = await this.confirmGone(uid, ctx.namespace, ctx.name);
       if (!gone) continue;
-      await this.sendGone(record.uid, ctx, gone);
-      this.sent.set(record.uid, 'gone');
+      await this.sendGone(uid, ctx, gone);
+      this.sent.set(uid, 'gone');
       ended += 1;
     }
     // The memo only needs pods that still exist somewhere.

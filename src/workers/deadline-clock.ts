@@ -1,6 +1,6 @@
-import { restorePod } from '../machines/pod-machine.js';
 import { deadlinesSent } from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
+import { loadPodRecords } from '../pods/pod-reader.js';
 import { sendEvent } from '../pods/queues.js';
 import { PeriodicTask } from './periodic-task.js';
 
@@ -46,14 +46,12 @@ export class DeadlineClock {
     const uids = await this.deps.store.claimDueDeadlines(now, this.claimMs);
     if (uids.length === 0) return 0;
     let sent = 0;
-    for (const record of await this.deps.store.loadMany(uids)) {
-      if (!record) continue;
-      const restored = restorePod(record.snapshot);
+    for (const record of await loadPodRecords(this.deps.store, uids)) {
       // A snapshot this build cannot read is shown by `status`; its deadline is retried when claimed again.
-      if (!restored.ok) continue;
-      const deadline = restored.snapshot.context.deadline;
+      if (!record?.ok) continue;
+      const deadline = record.context.deadline;
       if (!deadline || deadline.at > now) continue;
-      await sendEvent(this.deps.queues, record.uid, {
+      await sendEvent(this.deps.queues, record.stored.uid, {
         type: 'DEADLINE',
         name: deadline.name,
         generation: deadline.generation,

@@ -6,11 +6,11 @@ import {
   type PodEvent,
   type PodStateName,
   persistPod,
-  restorePod,
   startPod,
   stateOf,
 } from '../machines/pod-machine.js';
 import { type FleetDeps, podLimits } from '../pods/fleet-deps.js';
+import { podRecordOf } from '../pods/pod-reader.js';
 import type { HistoryEntry, PodWrite } from '../store/snapshot-store.js';
 
 export type ApplyResult =
@@ -109,9 +109,9 @@ export async function applyPodEvent(deps: FleetDeps, uid: string, event: PodEven
         value: { kind: 'applied', from: null, to, actions: start.actions, context, gen: 0 },
       };
     }
-    const restored = restorePod(stored.snapshot);
-    if (!restored.ok) return { value: { kind: 'unrestorable', message: restored.error.message } };
-    const step = applyEvent(restored.snapshot, event);
+    const record = podRecordOf(stored);
+    if (!record.ok) return { value: { kind: 'unrestorable', message: record.error.message } };
+    const step = applyEvent(record.snapshot, event);
     if (!step.changed) return { value: { kind: 'ignored', state: step.from } };
     const context = step.snapshot.context;
     return {

@@ -1,5 +1,6 @@
-import { restorePod, STEP_OF_STATE, stateHasTag, stateOf } from '../machines/pod-machine.js';
+import { STEP_OF_STATE, stateHasTag } from '../machines/pod-machine.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
+import { loadPodRecords } from '../pods/pod-reader.js';
 import { jobIds, sendEvent } from '../pods/queues.js';
 import { forgetPod, queueStep } from './effects.js';
 
@@ -19,14 +20,10 @@ export async function reap(deps: FleetDeps): Promise<number> {
   let repaired = 0;
   const now = deps.now();
   const uids = await deps.store.list();
-  const stored = await deps.store.loadMany(uids);
-  for (const record of stored) {
-    if (!record) continue;
-    const restored = restorePod(record.snapshot);
-    if (!restored.ok) continue;
-    const { uid } = record;
-    const state = stateOf(restored.snapshot);
-    const context = restored.snapshot.context;
+  for (const record of await loadPodRecords(deps.store, uids)) {
+    if (!record?.ok) continue;
+    const { uid, updatedAt } = record.stored;
+    const { state, context } = record;
     if (state === 'done') {
       await forgetPod(deps, uid, context.generation);
       repaired += 1;
@@ -34,7 +31,7 @@ export async function reap(deps: FleetDeps): Promise<number> {
     }
     // Not the launch: it waits out its backoff in its delay, and a lost shadow is handled below.
     const step = stateHasTag(state, 'shadow') ? undefined : STEP_OF_STATE[state];
-    if (step && record.updatedAt + STEP_GRACE_MS < now) {
+    if (step && updatedAt + STEP_GRACE_MS < now) {
       // The step's own id: a no-op while its job still waits or retries, run again once it has finished.
       await queueStep(deps, uid, step, context.generation);
       repaired += 1;
@@ -46,7 +43,7 @@ export async function reap(deps: FleetDeps): Promise<number> {
       // A lease that is missing altogether counts from the pod's last change: a session that ended on its
       // own (sockets vanished, job ended) releases its lease just after queueing its report, and that
       // report, not a CARRIER_LOST sent in between, must decide what happens to the pod.
-      const leaseGone = lease ? lease.expiresAt + LEASE_GRACE_MS < now : record.updatedAt + LEASE_GRACE_MS < now;
+      const leaseGone = lease ? lease.expiresAt + LEASE_GRACE_MS < now : updatedAt + LEASE_GRACE_MS < now;
       if (leaseGone && jobState !== 'active' && jobState !== 'waiting' && jobState !== 'delayed') {
         await sendEvent(deps.queues, uid, {
           type: 'CARRIER_LOST',

@@ -92,6 +92,13 @@ describe('the import graph of src/', () => {
     expect(cycles).toEqual([]);
   });
 
+  it('restores stored pods in one place: src/pods/pod-reader.ts', () => {
+    const callers = files.filter(
+      (file) => /\brestorePod\(/.test(readFileSync(file, 'utf8')) && !file.endsWith('machines/pod-machine.ts'),
+    );
+    expect(callers.map((file) => relative(SRC, file))).toEqual(['pods/pod-reader.ts']);
+  });
+
   it('reads the imports it judges (a check that finds none would pass anything)', () => {
     const workerImports = [...graph.entries()]
       .filter(([file]) => unitOf(file) === 'workers')

@@ -1,7 +1,8 @@
 import { randomUUID } from 'node:crypto';
 import type { Command } from 'commander';
-import { type PodEvent, type PodStateName, restorePod, stateOf, statesTagged } from '../../machines/pod-machine.js';
+import { type PodEvent, type PodStateName, statesTagged } from '../../machines/pod-machine.js';
 import type { FleetDeps } from '../../pods/fleet-deps.js';
+import { loadPodRecord } from '../../pods/pod-reader.js';
 import { sendEvent } from '../../pods/queues.js';
 import { parseReverseRequest, requestContext } from '../../spec/reverse-request.js';
 import { CliError, EXIT } from '../exit-codes.js';
@@ -34,13 +35,12 @@ function timeoutMs(opts: WaitOption, fallbackS: number): number {
  */
 async function podToChange(deps: FleetDeps, pod: string): Promise<{ uid: string; state: PodStateName }> {
   const uid = await resolvePod(deps, pod);
-  const stored = await deps.store.load(uid);
-  if (!stored) throw new CliError(`no pod ${pod} is known to backhaul`, EXIT.failure);
-  const restored = restorePod(stored.snapshot);
-  if (!restored.ok) {
-    throw new CliError(`${pod}: this build cannot act on the pod: ${restored.error.message}`, EXIT.failure);
+  const record = await loadPodRecord(deps.store, uid);
+  if (!record) throw new CliError(`no pod ${pod} is known to backhaul`, EXIT.failure);
+  if (!record.ok) {
+    throw new CliError(`${pod}: this build cannot act on the pod: ${record.error.message}`, EXIT.failure);
   }
-  return { uid, state: stateOf(restored.snapshot) };
+  return { uid, state: record.state };
 }
 
 async function send(
