@@ -62,7 +62,7 @@ import type {
 } from './pod-types.js';
 import { POD_ACTION_TYPES } from './pod-types.js';
 
-export { parsePodEvent, podEventSchema, RestoreError, type RestoreErrorKind } from './pod-schema.js';
+export { parsePodEvent, podActionsSchema, podEventSchema, RestoreError, type RestoreErrorKind } from './pod-schema.js';
 export * from './pod-types.js';
 
 /** Bump when states, context or events change shape: stored snapshots of another version are refused. */

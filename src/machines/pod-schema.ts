@@ -7,6 +7,7 @@ import { z } from 'zod';
 import {
   DEADLINE_NAMES,
   POD_STATES,
+  type PodAction,
   type PodContext,
   type PodEvent,
   type PodInput,
@@ -79,6 +80,17 @@ export const podEventSchema = z.discriminatedUnion('type', [
   z.object({ type: z.literal('CARRIER_LOST'), ...at, ...report, reason: z.string() }),
   z.object({ type: z.literal('SESSION_FAILED'), ...at, ...report, error: podError }),
 ]) satisfies z.ZodType<PodEvent>;
+
+/** The effects a transition asks for, as stored in a pod's outbox and read back by another worker. */
+export const podActionsSchema = z.array(
+  z.discriminatedUnion('type', [
+    z.object({
+      type: z.literal('runStep'),
+      params: z.object({ step, ...gen, delayMs: ms.optional() }),
+    }),
+    z.object({ type: z.literal('stopShadow'), params: z.object({ ...gen, reason: z.string() }) }),
+  ]),
+) satisfies z.ZodType<PodAction[]>;
 
 /** An event from a queue job, checked; or the first problem found. */
 export function parsePodEvent(data: unknown): { ok: true; event: PodEvent } | { ok: false; message: string } {

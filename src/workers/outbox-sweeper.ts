@@ -1,5 +1,4 @@
-import { z } from 'zod';
-import { type PodAction, STEPS } from '../machines/pod-machine.js';
+import { podActionsSchema } from '../machines/pod-machine.js';
 import { outboxRepairs } from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { runEffects } from './effects.js';
@@ -11,17 +10,6 @@ export interface OutboxSweeperOptions {
   /** Effects not cleared this long after they were written were left by a worker that died. */
   ageMs?: number;
 }
-
-const generation = z.number().int().nonnegative();
-const storedActions = z.array(
-  z.discriminatedUnion('type', [
-    z.object({
-      type: z.literal('runStep'),
-      params: z.object({ step: z.enum(STEPS), generation, delayMs: z.number().int().nonnegative().optional() }),
-    }),
-    z.object({ type: z.literal('stopShadow'), params: z.object({ generation, reason: z.string() }) }),
-  ]),
-);
 
 /**
  * Runs the effects a control worker stored with a state but did not live to run. Every transition
@@ -57,13 +45,13 @@ export class OutboxSweeper {
     let ran = 0;
     for (const record of await this.deps.store.loadMany(uids)) {
       if (!record || record.outbox === null) continue;
-      const parsed = storedActions.safeParse(record.outbox);
+      const parsed = podActionsSchema.safeParse(record.outbox);
       if (!parsed.success) {
         // Written by another version of backhaul: the reaper repairs from the state instead.
         this.deps.log.warn({ uid: record.uid }, 'outbox: effects in an unknown form, dropped');
       } else {
         this.deps.log.info({ uid: record.uid, effects: parsed.data.length }, 'outbox: running effects left behind');
-        await runEffects(this.deps, record.uid, parsed.data as PodAction[]);
+        await runEffects(this.deps, record.uid, parsed.data);
         outboxRepairs.inc();
         ran += 1;
       }

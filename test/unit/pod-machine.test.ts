@@ -17,6 +17,7 @@ import {
   PURE_STEPS,
   parsePodEvent,
   persistPod,
+  podActionsSchema,
   podMachine,
   RestoreError,
   restorePod,
@@ -1063,6 +1064,9 @@ describe('pod machine: random event sequences keep the invariants', () => {
           }
           const restored = restorePod(JSON.parse(JSON.stringify(persistPod(next))));
           expect(restored.ok && persistPod(restored.snapshot)).toEqual(persistPod(next));
+          // The effects survive the outbox: what another worker reads back is what was asked for.
+          const outbox = podActionsSchema.safeParse(JSON.parse(JSON.stringify(result.actions)));
+          expect(outbox.success && outbox.data).toEqual(result.actions);
           // applyEvent runs through one shared actor scope: it must give exactly what XState's own pure
           // transition() (a fresh inert actor per call) gives.
           if (snapshot.status === 'active') {
