@@ -7,6 +7,7 @@
 -- KEYS[4] history            <prefix>hist:<uid>    stream, capped
 -- KEYS[5] deadline index     <prefix>deadlines     sorted set: uid scored by its deadline (ms)
 -- KEYS[6] outbox index       <prefix>outbox        sorted set: uid scored by when its effects were written
+-- KEYS[7] review index       <prefix>review        sorted set: uid scored by when to look at it again (ms)
 -- ARGV[1] uid
 -- ARGV[2] expected gen (as loaded)
 -- ARGV[3] snapshot (JSON)
@@ -16,8 +17,9 @@
 -- ARGV[7] name
 -- ARGV[8] deadline (ms) the new state holds, or '' for none
 -- ARGV[9] effects the transition asked for (JSON), or '' for none
--- ARGV[10] history cap (XADD MAXLEN ~)
--- ARGV[11..] history entry as field, value, … (none: no entry)
+-- ARGV[10] look at the pod again this many ms from now (the review index), or '' for not at all
+-- ARGV[11] history cap (XADD MAXLEN ~)
+-- ARGV[12..] history entry as field, value, … (none: no entry)
 --
 -- Returns {1, new gen} when written, {0, stored gen} on a conflict, {-1, 0} when the pod has no record.
 
@@ -60,7 +62,13 @@ else
   redis.call('HSET', KEYS[1], 'outbox', ARGV[9])
   redis.call('ZADD', KEYS[6], now, ARGV[1])
 end
-if #ARGV > 10 then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[10], '*', unpack(ARGV, 11))
+-- When to look at the pod again is a property of the state it is in: set with it, never left behind.
+if ARGV[10] == '' then
+  redis.call('ZREM', KEYS[7], ARGV[1])
+else
+  redis.call('ZADD', KEYS[7], now + tonumber(ARGV[10]), ARGV[1])
+end
+if #ARGV > 11 then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[11], '*', unpack(ARGV, 12))
 end
 return {1, nextGen}

@@ -6,6 +6,7 @@
 -- KEYS[4] history            <prefix>hist:<uid>    stream, capped
 -- KEYS[5] deadline index     <prefix>deadlines     sorted set: uid scored by its deadline (ms)
 -- KEYS[6] outbox index       <prefix>outbox        sorted set: uid scored by when its effects were written
+-- KEYS[7] review index       <prefix>review        sorted set: uid scored by when to look at it again (ms)
 -- ARGV[1] uid
 -- ARGV[2] snapshot (JSON)
 -- ARGV[3] machine version
@@ -16,8 +17,9 @@
 -- ARGV[8] effects the first state asked for (JSON), or '' for none
 -- ARGV[9] the time (ms) of the event creating the record, or '' not to check: a pod whose history ends
 --         in `done` at or after it is not created again (the event was older than the pod's end)
--- ARGV[10] history cap (XADD MAXLEN ~)
--- ARGV[11..] history entry as field, value, field, value … (none: no entry)
+-- ARGV[10] look at the pod again this many ms from now (the review index), or '' for not at all
+-- ARGV[11] history cap (XADD MAXLEN ~)
+-- ARGV[12..] history entry as field, value, field, value … (none: no entry)
 --
 -- Returns 1 when created (gen is 1), 0 when the pod already had a record, -1 when the pod finished at or
 -- after the event's time (nothing written either way).
@@ -53,10 +55,13 @@ if ARGV[8] ~= '' then
   redis.call('HSET', KEYS[1], 'outbox', ARGV[8])
   redis.call('ZADD', KEYS[6], now, ARGV[1])
 end
+if ARGV[10] ~= '' then
+  redis.call('ZADD', KEYS[7], now + tonumber(ARGV[10]), ARGV[1])
+end
 
 -- A history left behind by an earlier record of this uid (it only had a TTL) continues, kept again.
 redis.call('PERSIST', KEYS[4])
-if #ARGV > 10 then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[10], '*', unpack(ARGV, 11))
+if #ARGV > 11 then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[11], '*', unpack(ARGV, 12))
 end
 return 1

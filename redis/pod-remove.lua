@@ -7,8 +7,9 @@
 -- KEYS[4] history            <prefix>hist:<uid>
 -- KEYS[5] deadline index     <prefix>deadlines
 -- KEYS[6] outbox index       <prefix>outbox
--- KEYS[7] lease              <prefix>lease:<uid>
--- KEYS[8] lease index        <prefix>leases
+-- KEYS[7] review index       <prefix>review
+-- KEYS[8] lease              <prefix>lease:<uid>
+-- KEYS[9] lease index        <prefix>leases
 -- ARGV[1] uid
 -- ARGV[2] history TTL (seconds)
 -- ARGV[3] expected gen, or '' to remove whatever is stored
@@ -30,8 +31,9 @@ end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
-redis.call('DEL', KEYS[7])
-redis.call('ZREM', KEYS[8], ARGV[1])
+redis.call('ZREM', KEYS[7], ARGV[1])
+redis.call('DEL', KEYS[8])
+redis.call('ZREM', KEYS[9], ARGV[1])
 redis.call('EXPIRE', KEYS[4], ARGV[2])
 if gen then
   return 1

@@ -31,6 +31,15 @@ export class RedisKeys {
   outbox(): string {
     return `${this.prefix}outbox`;
   }
+  /**
+   * Sorted set: uids the control plane should look at again, scored by when (ms). Each stored state sets
+   * its pod's entry (a step that should have reported by then, a shadow whose lease should exist), and a
+   * released lease sets it too; the converger reads only what is due, so pods that wait for nothing cost
+   * nothing.
+   */
+  review(): string {
+    return `${this.prefix}review`;
+  }
   /** Hash: holder, generation, token, expiresAt. */
   lease(uid: string): string {
     return `${this.prefix}lease:${uid}`;

@@ -35,6 +35,13 @@ export interface LeaseListing {
   leases: (Lease & { expired: boolean })[];
 }
 
+/**
+ * A shadow without a live lease is given this long before the control plane calls it lost: a session
+ * that ended on its own releases its lease just after queueing its report, and that report, not a
+ * CARRIER_LOST, must decide what happens to the pod.
+ */
+export const LEASE_GRACE_MS = 20_000;
+
 export interface LeaseStoreOptions {
   keys?: RedisKeys;
   /** How long an expired lease's key is kept for the reaper (ms). */
@@ -79,10 +86,11 @@ export class LeaseStore {
 
   /** False when the lease is gone or was granted to someone else since. */
   async release(uid: string, token: number): Promise<boolean> {
+    // The pod is looked at again once the grace is over (the review index): see LEASE_GRACE_MS.
     const reply = await script('lease-release').run(
       this.redis,
-      [this.keys.lease(uid), this.keys.leases()],
-      [uid, token],
+      [this.keys.lease(uid), this.keys.leases(), this.keys.review()],
+      [uid, token, LEASE_GRACE_MS],
     );
     return reply === 1;
   }
@@ -112,6 +120,11 @@ export class LeaseStore {
     const uids = await this.redis.zrangebyscore(this.keys.leases(), '-inf', String(now));
     const listing = await this.collect(uids);
     return { now: listing.now, leases: listing.leases.filter((lease) => lease.expired) };
+  }
+
+  /** The uids of leases that expired before `before` (ms), at most `limit`: the index alone, no lease read. */
+  expiredBefore(before: number, limit: number): Promise<string[]> {
+    return this.redis.zrangebyscore(this.keys.leases(), '-inf', String(before), 'LIMIT', 0, limit);
   }
 
   /** Leases grouped by holder: which shadows each session host holds. */

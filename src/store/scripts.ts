@@ -17,6 +17,7 @@ export const SCRIPT_NAMES = [
   'deadlines-claim',
   'outbox-claim',
   'outbox-clear',
+  'review-set',
   'lease-acquire',
   'lease-renew',
   'lease-release',

@@ -39,6 +39,8 @@ export interface PodWrite {
   deadlineAt?: number | null;
   /** The effects the transition asked for, kept in the record until cleared (an outbox); none when absent or empty. */
   effects?: readonly unknown[] | null;
+  /** Look at the pod again this many ms after the write (the review index); never when absent or null. */
+  reviewAfterMs?: number | null;
   /**
    * Creation only: the time of the event creating the record. A pod whose history ends in `done` at or
    * after it is not created again (events of one pod are not ordered: the event predates the pod's end).
@@ -153,6 +155,7 @@ export class SnapshotStore {
       deadlineArg(write),
       effectsArg(write),
       write.createdBy === undefined ? '' : String(write.createdBy),
+      reviewArg(write),
       this.historyMaxLen,
       ...historyFields(write.history),
     ]);
@@ -171,6 +174,7 @@ export class SnapshotStore {
       write.name,
       deadlineArg(write),
       effectsArg(write),
+      reviewArg(write),
       this.historyMaxLen,
       ...historyFields(write.history),
     ])) as [number, number];
@@ -233,6 +237,24 @@ export class SnapshotStore {
       [this.keys.deadlines()],
       [now, claimMs, limit],
     )) as string[];
+  }
+
+  /** Up to `limit` pods due for a look at `now` (ms), by the review index alone. */
+  dueForReview(now: number, limit: number): Promise<string[]> {
+    return this.redis.zrangebyscore(this.keys.review(), '-inf', String(now), 'LIMIT', 0, limit);
+  }
+
+  /**
+   * When to look at the pod again (ms; null: not until a new state says so). Only while the pod is still
+   * at gen `gen`: a state stored meanwhile set its own time, which stands; a forgotten pod gets none.
+   */
+  async setReview(uid: string, gen: number, at: number | null): Promise<boolean> {
+    const reply = await script('review-set').run(
+      this.redis,
+      [this.keys.pod(uid), this.keys.review()],
+      [uid, gen, at === null ? '' : Math.round(at)],
+    );
+    return reply === 1;
   }
 
   /** The effects written with gen `gen` have run: clears them unless a later write replaced them. */
@@ -312,7 +334,7 @@ export class SnapshotStore {
   }
 
   private casKeys(uid: string): string[] {
-    return [...this.podKeys(uid), this.keys.deadlines(), this.keys.outbox()];
+    return [...this.podKeys(uid), this.keys.deadlines(), this.keys.outbox(), this.keys.review()];
   }
 }
 
@@ -349,6 +371,12 @@ function parseJson(raw: string | undefined): unknown {
 
 function effectsArg(write: PodWrite): string {
   return write.effects && write.effects.length > 0 ? JSON.stringify(write.effects) : '';
+}
+
+function reviewArg(write: PodWrite): string {
+  return write.reviewAfterMs === undefined || write.reviewAfterMs === null
+    ? ''
+    : String(Math.max(0, Math.round(write.reviewAfterMs)));
 }
 
 function deadlineArg(write: PodWrite): string {

@@ -12,6 +12,7 @@ import {
 import { type FleetDeps, podLimits } from '../pods/fleet-deps.js';
 import { podRecordOf } from '../pods/pod-reader.js';
 import type { HistoryEntry, PodWrite } from '../store/snapshot-store.js';
+import { reviewAfter } from './reaper.js';
 
 export type ApplyResult =
   | {
@@ -58,7 +59,7 @@ function historyOf(event: PodEvent, from: string, to: string, generation: number
 function writeOf(
   context: PodContext,
   persisted: unknown,
-  state: string,
+  state: PodStateName,
   history: HistoryEntry,
   actions: readonly PodAction[],
 ): PodWrite {
@@ -71,6 +72,7 @@ function writeOf(
     history,
     deadlineAt: context.deadline?.at ?? null,
     effects: actions,
+    reviewAfterMs: reviewAfter(state),
   };
 }
 

@@ -46,20 +46,86 @@ async function carrierLostFor(podUid: string): Promise<string[]> {
 describe('reaper: a shadow without a session host', () => {
   it('a missing lease counts from the pod’s last change: no CARRIER_LOST at once, one after the grace', async () => {
     const podUid = await activePod();
-    await reap(deps);
+    await reap(deps, { full: false });
     // The session's own report (sent just before it released its lease) must decide, not the reaper.
     expect(await carrierLostFor(podUid)).toEqual([]);
-    await reap({ ...deps, now: () => Date.now() + 25_000 });
+    await reap({ ...deps, now: () => Date.now() + 25_000 }, { full: false });
     expect(await carrierLostFor(podUid)).toEqual(['CARRIER_LOST']);
   });
 
   it('a live lease keeps it; an expired one past the grace does not', async () => {
     const podUid = await activePod();
     expect((await deps.leases.acquire(podUid, 'live-host', 1, 60_000)).ok).toBe(true);
-    await reap({ ...deps, now: () => Date.now() + 25_000 });
+    await reap({ ...deps, now: () => Date.now() + 25_000 }, { full: false });
     expect(await carrierLostFor(podUid)).toEqual([]);
-    await reap({ ...deps, now: () => Date.now() + 85_000 });
+    await reap({ ...deps, now: () => Date.now() + 85_000 }, { full: false });
     expect(await carrierLostFor(podUid)).toEqual(['CARRIER_LOST']);
+  });
+
+  it('a released lease has the pod looked at once the grace is over', async () => {
+    const podUid = await activePod();
+    const lease = await deps.leases.acquire(podUid, 'ending-host', 1, 60_000);
+    if (!lease.ok) throw new Error('no lease');
+    // Its first look: the lease is live, so nothing until the lease says otherwise.
+    await reap({ ...deps, now: () => Date.now() + 25_000 }, { full: false });
+    expect(await redis.redis.zscore(deps.keys.review(), podUid)).toBeNull();
+    const releasedAt = Date.now();
+    expect(await deps.leases.release(podUid, lease.lease.token)).toBe(true);
+    const due = Number(await redis.redis.zscore(deps.keys.review(), podUid));
+    expect(due).toBeGreaterThanOrEqual(releasedAt + 19_000);
+    expect(due).toBeLessThanOrEqual(Date.now() + 21_000);
+    await reap({ ...deps, now: () => Date.now() + 25_000 }, { full: false });
+    expect(await carrierLostFor(podUid)).toEqual(['CARRIER_LOST']);
+  });
+});
+
+describe('reaper: reads only what is due', () => {
+  it('200 active pods with live leases: looked at once each, then no run reads any of them', async () => {
+    const pods: string[] = [];
+    for (let i = 0; i < 200; i += 1) {
+      const podUid = await activePod();
+      expect((await deps.leases.acquire(podUid, 'busy-host', 1, 600_000)).ok).toBe(true);
+      pods.push(podUid);
+    }
+    const read: string[] = [];
+    const counting: FleetDeps = {
+      ...deps,
+      store: Object.assign(Object.create(deps.store), {
+        loadMany: (uids: readonly string[]) => {
+          read.push(...uids);
+          return deps.store.loadMany(uids);
+        },
+      }),
+    };
+    // Each stored state asked for a look after the lease grace: the first due run reads each pod once.
+    await reap({ ...counting, now: () => Date.now() + 25_000 }, { full: false });
+    const mine = (uids: string[]) => uids.filter((u) => pods.includes(u));
+    expect(mine(read).sort()).toEqual([...pods].sort());
+    expect(await carrierLostFor(pods[0] ?? '')).toEqual([]);
+    // Steady state: nothing of them is due, so nothing of them is read.
+    read.length = 0;
+    await reap({ ...counting, now: () => Date.now() + 120_000 }, { full: false });
+    expect(mine(read)).toEqual([]);
+    // A full pass (a worker's first, and every ten minutes) still reads all of them.
+    await reap({ ...counting, now: () => Date.now() + 120_000 }, { full: true });
+    expect(mine(read).sort()).toEqual([...pods].sort());
+    for (const podUid of pods) await forgetPod(deps, podUid, 1);
+  }, 60_000);
+
+  it('a step whose job was lost is asked for again after the grace, and its pod looked at again after that', async () => {
+    const podUid = uid();
+    await drive(deps, podUid, eventsUpTo('launchingShadow', Date.now(), podUid.slice(0, 12)).slice(0, 2));
+    expect((await deps.store.load(podUid))?.state).toBe('rendering');
+    const stepJob = jobIds.step(podUid, 'render', 0);
+    await deps.queues.steps.remove(stepJob);
+    await reap({ ...deps, now: () => Date.now() + 30_000 }, { full: false });
+    expect(await deps.queues.steps.getJob(stepJob)).toBeUndefined();
+    await reap({ ...deps, now: () => Date.now() + 65_000 }, { full: false });
+    expect((await deps.queues.steps.getJob(stepJob))?.data).toMatchObject({ uid: podUid, step: 'render' });
+    const next = Number(await redis.redis.zscore(deps.keys.review(), podUid));
+    expect(next).toBeGreaterThan(Date.now() + 60_000);
+    await forgetPod(deps, podUid, 0);
+    expect(await redis.redis.zscore(deps.keys.review(), podUid)).toBeNull();
   });
 });
 

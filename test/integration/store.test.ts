@@ -87,8 +87,8 @@ describe('Redis connections and scripts', () => {
       expect(lua.numberOfKeys).toBeGreaterThan(0);
       expect(lua.source).toMatch(/^-- ARGV\[1\]/m);
     }
-    expect(script('pod-cas').numberOfKeys).toBe(6);
-    expect(script('pod-remove').numberOfKeys).toBe(8);
+    expect(script('pod-cas').numberOfKeys).toBe(7);
+    expect(script('pod-remove').numberOfKeys).toBe(9);
     expect(script('lease-acquire').numberOfKeys).toBe(3);
   });
 
@@ -159,6 +159,34 @@ describe('SnapshotStore', () => {
     expect(await store.compareAndSet('u1', 2, write(2, { history: null }))).toEqual({ ok: true, gen: 3 });
     expect(await store.compareAndSet('ghost', 1, write(1))).toEqual({ ok: false, reason: 'missing' });
     expect(await store.load('ghost')).toBeNull();
+  });
+
+  it('the review index: each stored state sets or withdraws its pod’s next look; setReview only on the gen read', async () => {
+    const keys = freshKeys();
+    const store = new SnapshotStore(redis, { keys });
+    const score = async () => redis.zscore(keys.review(), 'u1');
+    const before = Date.now();
+    await store.create('u1', write(0, { reviewAfterMs: 60_000 }));
+    expect(Number(await score())).toBeGreaterThanOrEqual(before + 59_000);
+    expect(await store.dueForReview(before + 30_000, 10)).toEqual([]);
+    expect(await store.dueForReview(before + 120_000, 10)).toEqual(['u1']);
+    await store.compareAndSet('u1', 1, write(1, { reviewAfterMs: 0 }));
+    expect(await store.dueForReview(Date.now() + 1_000, 10)).toEqual(['u1']);
+    await store.compareAndSet('u1', 2, write(2));
+    expect(await score()).toBeNull();
+    // Set by a looker only while the pod is as it read it.
+    expect(await store.setReview('u1', 2, 123)).toBe(false);
+    expect(await score()).toBeNull();
+    expect(await store.setReview('u1', 3, 123)).toBe(true);
+    expect(await score()).toBe('123');
+    expect(await store.setReview('u1', 3, null)).toBe(true);
+    expect(await score()).toBeNull();
+    await store.setReview('u1', 3, 456);
+    expect(await store.remove('u1', 60)).toBe('removed');
+    expect(await score()).toBeNull();
+    // A forgotten pod gets no entry back.
+    expect(await store.setReview('u1', 3, 789)).toBe(false);
+    expect(await score()).toBeNull();
   });
 
   it('moves the name index when a pod is renamed, and only its own entry', async () => {
