@@ -59,6 +59,13 @@ const sshFields = z.strictObject({
   /** Only for throw-away test sites: accept any login host key. Never the default. */
   InsecureAcceptAnyHostKey: z.boolean().default(false),
   NodeWaitTimeout: duration().prefault('2h'),
+  /** How long an SSH handshake (login node, batch host) may take before the attempt fails, as OpenSSH's ConnectTimeout. */
+  ConnectTimeout: duration(1000).prefault('20s'),
+  /**
+   * How long one `squeue` on the login node may take before the attempt counts as failed (three attempts,
+   * then the lookup fails: slurm-unreachable). Raise it where slurmctld answers slowly under load.
+   */
+  SlurmQueryTimeout: duration(1000).prefault('15s'),
   Reverse: reverseSchema.prefault({}),
 });
 

@@ -15,6 +15,8 @@ export interface CarrierSite {
   sshdPath: string;
   nodeSshPort: number;
   keepaliveIntervalMs: number;
+  /** Network.SSH.ConnectTimeout: the batch host's handshake. */
+  readyTimeoutMs?: number;
 }
 
 export interface CarrierRequest {
@@ -83,6 +85,7 @@ export async function openCarrier(login: LoginHop, site: CarrierSite, req: Carri
         privateKey: clientKey.private,
         sock: channel.stream,
         keepaliveIntervalMs: site.keepaliveIntervalMs,
+        ...(site.readyTimeoutMs ? { readyTimeoutMs: site.readyTimeoutMs } : {}),
         verifyHostKey: (key) =>
           key.equals(hostKey) ? { ok: true } : { ok: false, reason: 'mismatch', name: 'the bootstrapped host key' },
       });
@@ -143,6 +146,7 @@ async function jumpToNode(
     privateKey: site.privateKey,
     sock: channel,
     keepaliveIntervalMs: site.keepaliveIntervalMs,
+    ...(site.readyTimeoutMs ? { readyTimeoutMs: site.readyTimeoutMs } : {}),
     verifyHostKey: (key) => verifyHostKey(site.knownHosts, target.host, target.port, key),
   });
 }

@@ -49,7 +49,7 @@ export interface LoginHops {
 }
 
 /** The login hop over an ssh2 connection held by this thread. */
-export function sshLoginHop(client: Client): LoginHop {
+export function sshLoginHop(client: Client, opts: { slurmQueryTimeoutMs?: number | undefined } = {}): LoginHop {
   return {
     jump: async (host, port) => {
       try {
@@ -68,6 +68,6 @@ export function sshLoginHop(client: Client): LoginHop {
       return { stream: channel as unknown as Duplex, stderr: channel.stderr, close: () => channel.close() };
     },
     run: (command, opts) => execCapture(client, command, opts),
-    findJob: (user, jobName) => findPodJob(client, user, jobName),
+    findJob: (user, jobName) => findPodJob(client, user, jobName, opts.slurmQueryTimeoutMs),
   };
 }

@@ -86,7 +86,7 @@ export class LoginPool implements LoginHops {
     const login: PooledLogin = {
       client,
       serverMessages,
-      hop: sshLoginHop(client),
+      hop: sshLoginHop(client, { slurmQueryTimeoutMs: this.target.slurmQueryTimeoutMs }),
       sessions: 0,
       users: 0,
       closed: false,

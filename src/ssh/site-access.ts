@@ -10,7 +10,15 @@ import type { SshTarget } from './ssh-connect.js';
  * Buffers into Uint8Arrays; `accessFromData` turns them back).
  */
 export interface SiteAccessData {
-  login: { label: string; host: string; port: number; username: string; keepaliveIntervalMs: number };
+  login: {
+    label: string;
+    host: string;
+    port: number;
+    username: string;
+    keepaliveIntervalMs: number;
+    readyTimeoutMs?: number;
+    slurmQueryTimeoutMs?: number;
+  };
   /** `InsecureAcceptAnyHostKey` without a known_hosts file: the login host key is not checked. */
   acceptAnyLoginKey: boolean;
   loginMaxSessions: number;
@@ -47,6 +55,8 @@ export async function openSiteAccess(config: SiteConfig): Promise<SiteAccess> {
       port: ssh.Port,
       username: ssh.User,
       keepaliveIntervalMs,
+      readyTimeoutMs: ssh.ConnectTimeout,
+      slurmQueryTimeoutMs: ssh.SlurmQueryTimeout,
     },
     acceptAnyLoginKey: ssh.InsecureAcceptAnyHostKey && !ssh.KnownHostsFile,
     loginMaxSessions: config.Backhaul.LoginMaxSessions,
@@ -57,6 +67,7 @@ export async function openSiteAccess(config: SiteConfig): Promise<SiteAccess> {
       sshdPath: ssh.Reverse.SshdPath,
       nodeSshPort: ssh.Reverse.NodeSshPort,
       keepaliveIntervalMs,
+      readyTimeoutMs: ssh.ConnectTimeout,
     },
   });
 }

@@ -36,6 +36,7 @@ export class SlurmJobLookup {
   constructor(
     private readonly login: Client,
     private readonly user: string,
+    private readonly timeoutMs = QUERY_TIMEOUT_MS,
   ) {}
 
   find(jobName: string): Promise<SlurmJob | undefined> {
@@ -89,7 +90,7 @@ export class SlurmJobLookup {
     this.queries += 1;
     squeueQueries.inc();
     const result = await execCapture(this.login, squeueCommand(this.user, names), {
-      timeoutMs: QUERY_TIMEOUT_MS,
+      timeoutMs: this.timeoutMs,
     }).catch((err: unknown) => {
       squeueFailures.inc();
       // squeue that runs and does not finish waits for slurmctld (its own timeout is longer than ours).
@@ -119,7 +120,7 @@ export class SlurmJobLookup {
 const lookups = new WeakMap<Client, Map<string, SlurmJobLookup>>();
 
 /** The lookup shared by every caller of one login connection and user. */
-export function jobLookup(login: Client, user: string): SlurmJobLookup {
+export function jobLookup(login: Client, user: string, timeoutMs?: number): SlurmJobLookup {
   let byUser = lookups.get(login);
   if (!byUser) {
     byUser = new Map();
@@ -127,13 +128,18 @@ export function jobLookup(login: Client, user: string): SlurmJobLookup {
   }
   let lookup = byUser.get(user);
   if (!lookup) {
-    lookup = new SlurmJobLookup(login, user);
+    lookup = new SlurmJobLookup(login, user, timeoutMs);
     byUser.set(user, lookup);
   }
   return lookup;
 }
 
 /** The pod's job as squeue sees it now, through the login node; undefined when Slurm knows none. */
-export function findPodJob(login: Client, user: string, podUid: string): Promise<SlurmJob | undefined> {
-  return jobLookup(login, user).find(podUid);
+export function findPodJob(
+  login: Client,
+  user: string,
+  podUid: string,
+  timeoutMs?: number,
+): Promise<SlurmJob | undefined> {
+  return jobLookup(login, user, timeoutMs).find(podUid);
 }

@@ -21,6 +21,8 @@ export interface SshTarget {
   keepaliveIntervalMs: number;
   keepaliveCountMax?: number;
   readyTimeoutMs?: number;
+  /** Login only: how long one `squeue` may take (Network.SSH.SlurmQueryTimeout). */
+  slurmQueryTimeoutMs?: number;
 }
 
 /** Lines ssh2 logs that carry the server's own reason ("Debug output from server: ..."). */

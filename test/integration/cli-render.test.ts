@@ -52,7 +52,8 @@ async function file(name: string, text: string): Promise<string> {
   return path;
 }
 
-describe('backhaul render', () => {
+// Each test runs the installed command in a process of its own and shares nothing: run them side by side.
+describe.concurrent('backhaul render', () => {
   it('prints help and exits 0', async () => {
     const run = await backhaul(['--help']);
     expect(run.code).toBe(0);
@@ -163,7 +164,7 @@ describe('backhaul render', () => {
   });
 });
 
-describe('backhaul, as a new user meets it', () => {
+describe.concurrent('backhaul, as a new user meets it', () => {
   it('--version prints the version of the package and exits 0', async () => {
     const pkg = JSON.parse(await readFile(new URL('../../package.json', import.meta.url), 'utf8')) as {
       version: string;

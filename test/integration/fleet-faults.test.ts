@@ -48,10 +48,11 @@ afterAll(async () => {
 async function fleetSite(
   siteOptions: Parameters<typeof processFleetSite>[1] = {},
   backhaul: Parameters<typeof processFleetSite>[2] = {},
+  ssh: Parameters<typeof processFleetSite>[3] = {},
 ) {
   redis ??= await privateRedis(DB);
   await redis.redis.flushdb();
-  const site = await processFleetSite(redis.url, siteOptions, backhaul);
+  const site = await processFleetSite(redis.url, siteOptions, backhaul, ssh);
   sites.push(site);
   return site;
 }
@@ -448,10 +449,18 @@ describe('outages of the site', () => {
   }, 300_000);
 
   it.each([
-    20, 90,
-  ])('login node stopped %i s (SIGSTOP), then continued: every pod active again, none failed, no relaunch budget spent on it', async (seconds) => {
-    // Three launches: the carrier lost spends one, and a 90 s outage fails each relaunch 3 times over.
-    const site = await fleetSite({}, { RetryLimit: 3 });
+    // Short: it ends while the relaunches still wait for the login node's handshake.
+    { seconds: 20, connectTimeout: '20s', unreachable: false },
+    // Six handshake timeouts long (as 90 s is with the default 20 s): every relaunch fails to reach the
+    // login node several times over, which without the site-wide rule would spend 3 launches.
+    { seconds: 30, connectTimeout: '5s', unreachable: true },
+  ])('login node stopped $seconds s (SIGSTOP, ConnectTimeout $connectTimeout), then continued: every pod active again, none failed, no relaunch budget spent on it', async ({
+    seconds,
+    connectTimeout,
+    unreachable,
+  }) => {
+    // Three launches: the carrier lost spends one, and the long outage fails each relaunch 3 times over.
+    const site = await fleetSite({}, { RetryLimit: 3 }, { ConnectTimeout: connectTimeout });
     const { h, deps, echo, configPath } = site;
     const { host } = await startControlAndHost(configPath, 'host-1');
     const pods = Array.from({ length: 5 }, (_, i) => ({ uid: uid(), port: 16200 + i }));
@@ -494,14 +503,13 @@ describe('outages of the site', () => {
       `login node stopped ${seconds} s: every pod active and through again ${recovered - continuedAt} ms after it continued (${continuedAt - stoppedAt} ms stopped)\n${all}`,
     );
     expect(all).not.toContain('->failed');
-    // Short outages end while the relaunch still waits for the login node's handshake.
-    if (seconds > 60) expect(all).toContain('login-unreachable');
+    if (unreachable) expect(all).toContain('login-unreachable');
     for (const p of pods) expect((await deps.store.load(p.uid))?.state).toBe('active');
     expect((await deps.leases.list()).leases).toHaveLength(pods.length);
   }, 360_000);
-  it('slurmctld stopped 60 s (SIGSTOP) while pods wait for their jobs: they wait it out without spending launches, then come up; an active pod never notices', async () => {
-    // One launch: a failure that spent one would fail the pod at once.
-    const site = await fleetSite({}, { RetryLimit: 1 });
+  it('slurmctld stopped 25 s (SIGSTOP, SlurmQueryTimeout 5s) while pods wait for their jobs: they wait it out without spending launches, then come up; an active pod never notices', async () => {
+    // One launch: a failure that spent one would fail the pod at once. A squeue may take 5 s.
+    const site = await fleetSite({}, { RetryLimit: 1 }, { SlurmQueryTimeout: '5s' });
     const { h, deps, echo, configPath } = site;
     const { host } = await startControlAndHost(configPath, 'host-1');
     const pods = Array.from({ length: 3 }, (_, i) => ({ uid: uid(), port: 16600 + i }));
@@ -534,8 +542,8 @@ describe('outages of the site', () => {
     signalAll([ctld], 'SIGSTOP');
     const stoppedAt = Date.now();
     try {
-      // Longer than a job lookup's three squeue attempts of 15 s: the waiting pods see it fail.
-      await sleep(60_000);
+      // Longer than a job lookup's three squeue attempts of 5 s (and its pauses): the waiting pods see it fail.
+      await sleep(25_000);
     } finally {
       signalAll([ctld], 'SIGCONT');
     }
@@ -561,7 +569,7 @@ describe('outages of the site', () => {
     });
     const all = await timelines();
     console.log(
-      `slurmctld stopped 60 s (${continuedAt - stoppedAt} ms): every pod active and through ${recovered - continuedAt} ms after it continued\n${all}`,
+      `slurmctld stopped 25 s (${continuedAt - stoppedAt} ms): every pod active and through ${recovered - continuedAt} ms after it continued\n${all}`,
     );
     expect(all).not.toContain('->failed');
     expect(all).toContain('slurm-unreachable');

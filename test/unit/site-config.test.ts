@@ -40,7 +40,13 @@ describe('durations', () => {
 describe('site configuration (ARCHITECTURE.md §3.2)', () => {
   it('fills the documented defaults', () => {
     const cfg = parseSiteConfigYaml(BASE);
-    expect(cfg.Network.SSH).toMatchObject({ Port: 22, NodeWaitTimeout: 7_200_000, InsecureAcceptAnyHostKey: false });
+    expect(cfg.Network.SSH).toMatchObject({
+      Port: 22,
+      NodeWaitTimeout: 7_200_000,
+      InsecureAcceptAnyHostKey: false,
+      ConnectTimeout: 20_000,
+      SlurmQueryTimeout: 15_000,
+    });
     expect(cfg.Network.SSH.Reverse).toEqual({
       Enabled: false,
       Sshd: 'node',
@@ -137,6 +143,8 @@ Backhaul:
     expect(err.message).toContain('at most 24d');
     expect(err.message).toContain('"25d"');
     expect(refusal(`${BASE}    NodeWaitTimeout: 999999h\n`).field).toBe('Network.SSH.NodeWaitTimeout');
+    expect(refusal(`${BASE}    ConnectTimeout: 100ms\n`).field).toBe('Network.SSH.ConnectTimeout');
+    expect(refusal(`${BASE}    SlurmQueryTimeout: 0s\n`).field).toBe('Network.SSH.SlurmQueryTimeout');
     expect(parseSiteConfigYaml(`${BASE}Backhaul:\n  PhaseTimeout: 24d\n`).Backhaul.PhaseTimeout).toBe(24 * 86_400_000);
   });
 
