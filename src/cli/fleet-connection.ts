@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import { createLogger, silentLogger } from '../log.js';
-import { type FleetDeps, fleetDeps } from '../pods/fleet-deps.js';
+import { type FleetDeps, fleetDeps, type PodReadDeps, podReadDeps } from '../pods/fleet-deps.js';
 import { createRedis } from '../store/redis.js';
 import { CliError, EXIT } from './exit-codes.js';
 import { type ConfigOption, loadSiteConfig } from './inputs.js';
@@ -18,6 +18,42 @@ export async function withFleet<T>(opts: FleetOption, use: (deps: FleetDeps) => 
   const config = await loadSiteConfig(opts);
   // An empty REDIS_URL is unset, not "connect to the default".
   const url = opts.redis ?? (process.env.REDIS_URL || config.Backhaul.Redis.URL);
+  const redis = await connectRedis(url);
+  const deps = fleetDeps(config, redis, process.env.BACKHAUL_LOG_LEVEL ? createLogger('backhaul') : silentLogger());
+  try {
+    return await use(deps);
+  } finally {
+    await deps.queues.close().catch(() => undefined);
+    redis.disconnect();
+  }
+}
+
+/**
+ * For commands that only read (status, list): Redis alone, from `--redis` or REDIS_URL, the site
+ * configuration only when neither is given; and nothing is written (BullMQ's queue metadata included).
+ */
+export async function withPodReader<T>(opts: FleetOption, use: (deps: PodReadDeps) => Promise<T>): Promise<T> {
+  let url = opts.redis ?? (process.env.REDIS_URL || undefined);
+  if (url === undefined) {
+    if (!opts.config && !process.env.BACKHAUL_CONFIG) {
+      throw new CliError(
+        'no Redis to read from: pass --redis URL, set REDIS_URL, or name the site configuration (--config FILE or BACKHAUL_CONFIG)',
+        EXIT.usage,
+      );
+    }
+    url = (await loadSiteConfig(opts)).Backhaul.Redis.URL;
+  }
+  const redis = await connectRedis(url);
+  const deps = podReadDeps(redis);
+  try {
+    return await use(deps);
+  } finally {
+    await deps.queues.close().catch(() => undefined);
+    redis.disconnect();
+  }
+}
+
+async function connectRedis(url: string): Promise<Redis> {
   const redis: Redis = createRedis(url, { kind: 'command', connectionName: 'backhaul-cli' });
   let lastError: Error | undefined;
   redis.on('error', (err: Error) => {
@@ -32,13 +68,7 @@ export async function withFleet<T>(opts: FleetOption, use: (deps: FleetDeps) => 
     redis.disconnect();
     throw err;
   }
-  const deps = fleetDeps(config, redis, process.env.BACKHAUL_LOG_LEVEL ? createLogger('backhaul') : silentLogger());
-  try {
-    return await use(deps);
-  } finally {
-    await deps.queues.close().catch(() => undefined);
-    redis.disconnect();
-  }
+  return redis;
 }
 
 /** The URL without its password, for messages. */
@@ -54,7 +84,7 @@ export function redactUrl(url: string): string {
 }
 
 /** POD is `namespace/name` or a UID (ARCHITECTURE.md §3.10). */
-export async function resolvePod(deps: FleetDeps, pod: string): Promise<string> {
+export async function resolvePod(deps: Pick<FleetDeps, 'store'>, pod: string): Promise<string> {
   if (pod.includes('/')) {
     const [namespace = '', name = ''] = pod.split('/', 2);
     const named = await deps.store.podsByName(namespace, name);

@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { FleetDeps } from '../pods/fleet-deps.js';
+import type { PodReadDeps } from '../pods/fleet-deps.js';
 import type { HistoryEntry } from '../store/snapshot-store.js';
 import { CliError, EXIT } from './exit-codes.js';
 
@@ -26,7 +26,7 @@ export class PodFollower {
   private readonly format: (entry: HistoryEntry) => string;
 
   constructor(
-    private readonly deps: FleetDeps,
+    private readonly deps: PodReadDeps,
     readonly uid: string,
     private readonly opts: FollowOptions = {},
   ) {

@@ -1,4 +1,4 @@
-import type { FleetDeps } from '../pods/fleet-deps.js';
+import type { PodReadDeps } from '../pods/fleet-deps.js';
 import { podRecordOf } from '../pods/pod-reader.js';
 import { jobIds } from '../pods/queues.js';
 import type { HistoryRecord, StoredPod } from '../store/snapshot-store.js';
@@ -70,7 +70,7 @@ function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
   };
 }
 
-export async function podStatuses(deps: FleetDeps, historyCount = 20): Promise<PodStatus[]> {
+export async function podStatuses(deps: PodReadDeps, historyCount = 20): Promise<PodStatus[]> {
   const uids = await deps.store.list();
   // Two pipelines for the whole fleet, not a round trip per pod.
   const [stored, histories] = await Promise.all([
@@ -84,7 +84,7 @@ export async function podStatuses(deps: FleetDeps, historyCount = 20): Promise<P
   return out.sort((a, b) => `${a.namespace}/${a.name}`.localeCompare(`${b.namespace}/${b.name}`));
 }
 
-export async function podDetail(deps: FleetDeps, uid: string): Promise<PodDetail | null> {
+export async function podDetail(deps: PodReadDeps, uid: string): Promise<PodDetail | null> {
   const stored = await deps.store.load(uid);
   if (!stored) return null;
   const status = statusOf(stored, await deps.store.history(uid));

@@ -36,6 +36,21 @@ export interface FleetDepsOptions {
   now?: () => number;
 }
 
+/** What reading pods takes (status, list, following a pod): no site, nothing written. */
+export type PodReadDeps = Pick<FleetDeps, 'redis' | 'keys' | 'store' | 'leases' | 'queues' | 'now'>;
+
+export function podReadDeps(redis: Redis, opts: FleetDepsOptions = {}): PodReadDeps {
+  const keys = new RedisKeys(opts.keyPrefix);
+  return {
+    redis,
+    keys,
+    store: new SnapshotStore(redis, { keys }),
+    leases: new LeaseStore(redis, { keys }),
+    queues: openQueues(redis, opts.bullPrefix, true),
+    now: opts.now ?? Date.now,
+  };
+}
+
 export function fleetDeps(config: SiteConfig, redis: Redis, log: Logger, opts: FleetDepsOptions = {}): FleetDeps {
   const keys = new RedisKeys(opts.keyPrefix);
   return {

@@ -47,8 +47,16 @@ export interface FleetQueues {
   close(): Promise<void>;
 }
 
-export function openQueues(connection: Redis, prefix?: string): FleetQueues {
-  const opts: QueueOptions = { connection, ...(prefix ? { prefix } : {}) };
+/**
+ * The fleet's queues. `readOnly`: for commands that only look (status, list): BullMQ then writes none of
+ * its metadata keys, so looking at a fleet leaves nothing in its Redis.
+ */
+export function openQueues(connection: Redis, prefix?: string, readOnly = false): FleetQueues {
+  const opts: QueueOptions = {
+    connection,
+    ...(prefix ? { prefix } : {}),
+    ...(readOnly ? { skipMetasUpdate: true } : {}),
+  };
   const events = new Queue<EventJobData>(QUEUE_NAMES.events, opts);
   const steps = new Queue<StepJobData>(QUEUE_NAMES.steps, opts);
   const sessions = new Queue<SessionJobData>(QUEUE_NAMES.sessions, opts);

@@ -340,7 +340,8 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
       expect(run.stderr).not.toBe('');
     }
     expect(usage[0]?.stderr).toContain('too many arguments');
-    expect(usage[1]?.stderr).toContain('no site configuration');
+    // status only reads: it needs Redis, not the site configuration, and says how to name it.
+    expect(usage[1]?.stderr).toContain('pass --redis URL, set REDIS_URL, or name the site configuration');
   }, 90_000);
 
   it('two pods of one name: namespace/name is refused with both UIDs, status marks them, each goes by its UID', async () => {

@@ -6,14 +6,19 @@ import { loadPodRecord } from '../../pods/pod-reader.js';
 import { sendEvent } from '../../pods/queues.js';
 import { parseReverseRequest, requestContext } from '../../spec/reverse-request.js';
 import { CliError, EXIT } from '../exit-codes.js';
-import { type FleetOption, fleetOptions, resolvePod, withFleet } from '../fleet-connection.js';
+import { type FleetOption, fleetOptions, resolvePod, withFleet, withPodReader } from '../fleet-connection.js';
 import { fromFile, loadPod } from '../inputs.js';
 import { PodFollower } from '../pod-follow.js';
 import { type PodDetail, type PodStatus, podDetail, podStatuses } from '../pod-status.js';
 import { formatAge, formatDetail, formatTable } from '../status-format.js';
+import { type Frame, interruptSignal, watchFrames } from '../status-watch.js';
 
 interface JsonOption {
   json?: boolean;
+}
+interface WatchFlags {
+  watch?: boolean;
+  interval?: string;
 }
 interface WaitOption {
   wait?: boolean;
@@ -23,10 +28,16 @@ interface WaitOption {
 const SETTLED = statesTagged('settled');
 
 function timeoutMs(opts: WaitOption, fallbackS: number): number {
-  const seconds = opts.timeout === undefined ? fallbackS : Number(opts.timeout);
-  if (!Number.isFinite(seconds) || seconds <= 0)
-    throw new CliError('--timeout: expected a number of seconds', EXIT.usage);
-  return seconds * 1000;
+  return seconds(opts.timeout, fallbackS, '--timeout');
+}
+
+/** A positive number of seconds given as FLAG (or the fallback), in ms. */
+function seconds(text: string | undefined, fallbackS: number, flag: string): number {
+  const value = text === undefined ? fallbackS : Number(text);
+  if (!Number.isFinite(value) || value <= 0) {
+    throw new CliError(`${flag}: expected a positive number of seconds, got ${JSON.stringify(text)}`, EXIT.usage);
+  }
+  return value * 1000;
 }
 
 /**
@@ -137,24 +148,45 @@ export function registerPodCommands(program: Command): void {
       .command('status')
       .description('every pod (a table), or one pod in detail: its timeline, lease and jobs')
       .argument('[pod]', 'namespace/name or UID')
-      .option('--json', 'print JSON'),
-  ).action(async (pod: string | undefined, opts: FleetOption & JsonOption) => {
-    await withFleet(opts, async (deps) => {
-      if (pod === undefined) {
-        const all = await podStatuses(deps);
-        process.stdout.write(opts.json ? `${JSON.stringify(all, null, 2)}\n` : statusTable(all));
+      .option('--json', 'print JSON')
+      .option('-w, --watch', 'look again every --interval until Ctrl-C (to a pipe: only when something changed)')
+      .option('--interval <seconds>', 'with --watch: how often (default 2)'),
+  ).action(async (pod: string | undefined, opts: FleetOption & JsonOption & WatchFlags) => {
+    const intervalMs = seconds(opts.interval, 2, '--interval');
+    await withPodReader(opts, async (deps) => {
+      const uid = pod === undefined ? undefined : await resolvePod(deps, pod);
+      const look = async (): Promise<Frame | null> => {
+        if (uid === undefined) {
+          const all = await podStatuses(deps);
+          return { key: JSON.stringify(all), text: opts.json ? `${JSON.stringify(all, null, 2)}\n` : statusTable(all) };
+        }
+        const detail: PodDetail | null = await podDetail(deps, uid);
+        if (!detail) return null;
+        return {
+          key: JSON.stringify(detail),
+          text: opts.json ? `${JSON.stringify(detail, null, 2)}\n` : formatDetail(detail),
+        };
+      };
+      if (!opts.watch) {
+        const frame = await look();
+        if (!frame) throw new CliError(`no pod ${pod} is known to backhaul`, EXIT.failure);
+        process.stdout.write(frame.text);
         return;
       }
-      const detail: PodDetail | null = await podDetail(deps, await resolvePod(deps, pod));
-      if (!detail) throw new CliError(`no pod ${pod} is known to backhaul`, EXIT.failure);
-      process.stdout.write(opts.json ? `${JSON.stringify(detail, null, 2)}\n` : formatDetail(detail));
+      await watchFrames({
+        look,
+        gone: `${pod}: forgotten (its teardown is done; \`status\` no longer knows it)`,
+        intervalMs,
+        out: process.stdout,
+        signal: interruptSignal(),
+      });
     });
   });
 
   fleetOptions(
     program.command('list').description('the pods backhaul knows, one per line').option('--json', 'print JSON'),
   ).action(async (opts: FleetOption & JsonOption) => {
-    await withFleet(opts, async (deps) => {
+    await withPodReader(opts, async (deps) => {
       const all = await podStatuses(deps, 1);
       if (opts.json) {
         const rows = all.map(({ uid, namespace, name, state }) => ({ uid, namespace, name, state }));
