@@ -1,5 +1,6 @@
+import { FORWARDS_READY_CONDITION } from '../render/pod-condition.js';
 import { hasPrelude, renderPrelude, stripPrelude } from '../render/prelude.js';
-import { annotationPatch, preExecWithPrelude } from '../render/webhook-patch.js';
+import { annotationPatch, type JsonPatchOp, preExecWithPrelude, readinessGatePatch } from '../render/webhook-patch.js';
 import { ANNOTATION, REVERSE_ANNOTATIONS } from '../spec/annotations.js';
 import {
   hasReverseAnnotations,
@@ -69,6 +70,16 @@ interface ReviewRequest {
 
 interface PodObject {
   metadata?: { name?: string; generateName?: string; namespace?: string; annotations?: Record<string, unknown> };
+  spec?: { readinessGates?: unknown };
+}
+
+/** The readiness gate the site asks for (Backhaul.Kubernetes.ReadinessGate), for a pod with forwards. */
+function gateOps(pod: PodObject, config: SiteConfig, forwards: number): JsonPatchOp[] {
+  if (!config.Backhaul.Kubernetes.ReadinessGate || forwards === 0) return [];
+  const gates = pod.spec?.readinessGates;
+  // Not a list: the API server refuses the pod itself, with its own words.
+  if (gates !== undefined && !Array.isArray(gates)) return [];
+  return readinessGatePatch(gates as { conditionType?: string }[] | undefined, FORWARDS_READY_CONDITION);
 }
 
 function requestOf(review: unknown): ReviewRequest {
@@ -184,7 +195,10 @@ export function admit(review: unknown, mode: AdmissionMode, config: SiteConfig):
     const existing = annotations[ANNOTATION.preExec];
     if (mode === 'mutate') {
       const value = preExecWithPrelude(existing, renderPrelude(parsed, reverse));
-      const ops = annotationPatch(annotations, ANNOTATION.preExec, value);
+      const ops = [
+        ...annotationPatch(annotations, ANNOTATION.preExec, value),
+        ...gateOps(pod, config, parsed.forwards.length),
+      ];
       const warning = socksWarning(parsed);
       return respond({
         allowed: true,

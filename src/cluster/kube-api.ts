@@ -14,6 +14,8 @@ export const KUBE_API_ACCESS = {
    * the cluster gate reads the pods behind a Service (their labels, for NetworkPolicies).
    */
   pods: ['get', 'list', 'watch'],
+  /** The control role sets the interlink.eu/ReverseForwardsReady condition (Backhaul.Kubernetes.PodCondition). */
+  'pods/status': ['patch'],
   /** The recorder creates Events and patches their count when they repeat. */
   events: ['create', 'patch'],
   /** The cluster gate: a pod's namespace carries the opt-in label; labels for namespaceSelectors. */
@@ -29,6 +31,7 @@ export const KUBE_API_ACCESS = {
 /** The API group of each resource above (RBAC rules name it). */
 export const KUBE_API_GROUP: Record<keyof typeof KUBE_API_ACCESS, string> = {
   pods: '',
+  'pods/status': '',
   events: '',
   namespaces: '',
   services: '',

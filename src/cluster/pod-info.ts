@@ -1,3 +1,4 @@
+import { FORWARDS_READY_CONDITION } from '../render/pod-condition.js';
 import { ANNOTATION, REVERSE_ANNOTATIONS } from '../spec/annotations.js';
 import { hasReverseAnnotations } from '../spec/reverse-request.js';
 
@@ -20,6 +21,8 @@ export interface WatchedPod {
   hasPrelude: boolean;
   phase: string | undefined;
   terminating: boolean;
+  /** The pod's interlink.eu/ReverseForwardsReady condition as the API shows it, if any. */
+  forwardsCondition: { status: string; reason: string } | undefined;
 }
 
 /** The annotations a pod's machine reads: the reverse request and the pod VPN it cannot be combined with. */
@@ -38,7 +41,16 @@ interface PodLike {
     deletionTimestamp?: unknown;
   };
   spec?: { nodeName?: unknown };
-  status?: { phase?: unknown };
+  status?: { phase?: unknown; conditions?: unknown };
+}
+
+function forwardsConditionOf(conditions: unknown): WatchedPod['forwardsCondition'] {
+  if (!Array.isArray(conditions)) return undefined;
+  const found = conditions.find(
+    (c): c is { status?: unknown; reason?: unknown } =>
+      typeof c === 'object' && c !== null && (c as { type?: unknown }).type === FORWARDS_READY_CONDITION,
+  );
+  return found ? { status: String(found.status ?? ''), reason: String(found.reason ?? '') } : undefined;
 }
 
 const text = (value: unknown): string | undefined => (typeof value === 'string' && value !== '' ? value : undefined);
@@ -84,6 +96,7 @@ export function podFromObject(object: unknown): WatchedPod | undefined {
     hasPrelude: typeof preExec === 'string' && PRELUDE_LINE.test(preExec),
     phase: text(pod.status?.phase),
     terminating: meta.deletionTimestamp !== undefined && meta.deletionTimestamp !== null,
+    forwardsCondition: forwardsConditionOf(pod.status?.conditions),
   };
 }
 

@@ -4,12 +4,14 @@ import type { Logger } from '../log.js';
 import type { PodEvent } from '../machines/pod-machine.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { isEnding, loadPodRecord, loadPodRecords, type PodRecord } from '../pods/pod-reader.js';
+import { forwardsCondition } from '../render/pod-condition.js';
 import { ANNOTATION } from '../spec/annotations.js';
 import { CLUSTER_VERDICT, type ClusterVerdict, clusterChecksOn, formatVerdict } from '../spec/cluster-verdict.js';
 import type { KubernetesConfig } from '../spec/site-config.js';
 import { ClusterGate } from './cluster-gate.js';
 import type { EventRecorder } from './event-recorder.js';
 import { describeKubeError, kubeCall, statusCodeOf } from './kube-api.js';
+import type { PodConditionWriter } from './pod-conditions.js';
 import {
   classifyPod,
   type PodScope,
@@ -27,6 +29,8 @@ export interface PodWatcherOptions extends PodInformerOptions {
   clusterCacheMs?: number;
   /** Warning Events (a pod whose pre-exec lacks the prelude); none when undefined. */
   recorder?: EventRecorder;
+  /** Puts the forwards condition back on a pod that lost it or shows another; none when undefined. */
+  conditions?: PodConditionWriter;
 }
 
 /** Deduplication ids of the events the watcher sends (no ':' — ARCHITECTURE.md §3.8). */
@@ -166,8 +170,15 @@ export class PodWatcher {
   private async onLive(watched: WatchedPod): Promise<void> {
     const { pod, verdict } = await this.withVerdict(watched);
     const fingerprint = podFingerprint(pod);
-    if (this.sent.get(pod.uid) === fingerprint) return;
+    if (this.sent.get(pod.uid) === fingerprint) {
+      // The virtual kubelet writes the pod's whole status: a condition it dropped is put back.
+      if (this.opts.conditions && !watched.forwardsCondition) {
+        this.keepCondition(watched, await loadPodRecord(this.deps.store, pod.uid));
+      }
+      return;
+    }
     const record = await loadPodRecord(this.deps.store, pod.uid);
+    this.keepCondition(watched, record);
     if (!(await this.upToDate(pod, record))) await this.sendUpsert(pod);
     if (verdict && !verdict.ok) await this.refuse(pod, verdict.why, record);
     this.sent.set(pod.uid, fingerprint);
@@ -181,6 +192,17 @@ export class PodWatcher {
     if (!this.gate) return { pod };
     const verdict = await this.gate.verdict(pod);
     return { pod: { ...pod, annotations: { ...pod.annotations, [CLUSTER_VERDICT]: formatVerdict(verdict) } }, verdict };
+  }
+
+  /** The pod's forwards condition as its machine's state says it should be (level-triggered). */
+  private keepCondition(pod: WatchedPod, record: PodRecord | null): void {
+    const conditions = this.opts.conditions;
+    if (!conditions || !record?.ok) return;
+    const wanted = forwardsCondition(record.state, record.context, this.deps.now());
+    if (!wanted) return;
+    const shown = pod.forwardsCondition;
+    if (shown && shown.status === wanted.status && shown.reason === wanted.reason) return;
+    conditions.set(pod, wanted, true);
   }
 
   /**
@@ -301,6 +323,7 @@ export class PodWatcher {
         upserts += 1;
       }
       if (verdict && !verdict.ok) await this.refuse(pod, verdict.why, record);
+      this.keepCondition(watched, record);
       this.sent.set(pod.uid, podFingerprint(pod));
     }
     const uids = await this.deps.store.list();

@@ -1,6 +1,7 @@
 import type { KubeConfig } from '@kubernetes/client-node';
 import { EventRecorder, type EventRecorderOptions } from '../cluster/event-recorder.js';
 import { loadKubeConfig } from '../cluster/kube-api.js';
+import { PodConditionWriter } from '../cluster/pod-conditions.js';
 import { PodWatcher, type PodWatcherOptions } from '../cluster/pod-watcher.js';
 import { type TransitionHook, transitionHook } from '../cluster/transition-events.js';
 import { WebhookServer, type WebhookServerOptions } from '../cluster/webhook-server.js';
@@ -39,7 +40,9 @@ export async function startClusterRoles(
   const log = deps.log;
   const needsCluster = roles.includes('watch');
   const wantsEvents = cfg.RecordEvents && (roles.includes('control') || roles.includes('watch'));
-  const kubeConfig = needsCluster || wantsEvents ? (opts.kubeConfig ?? loadKubeConfig(cfg)) : undefined;
+  const wantsConditions = cfg.PodCondition && (roles.includes('control') || roles.includes('watch'));
+  const kubeConfig =
+    needsCluster || wantsEvents || wantsConditions ? (opts.kubeConfig ?? loadKubeConfig(cfg)) : undefined;
   if (needsCluster && !kubeConfig) {
     throw new Error(
       'the watch role needs a cluster: set Backhaul.Kubernetes.Kubeconfig, or run it in a pod with a service account',
@@ -49,7 +52,12 @@ export async function startClusterRoles(
     wantsEvents && kubeConfig
       ? EventRecorder.fromKubeConfig(kubeConfig, { ...opts.recorder, log: log.child({ part: 'events' }) })
       : undefined;
-  const onTransition = recorder && roles.includes('control') ? transitionHook(recorder, log) : undefined;
+  const conditions =
+    wantsConditions && kubeConfig
+      ? PodConditionWriter.fromKubeConfig(kubeConfig, log.child({ part: 'conditions' }))
+      : undefined;
+  const onTransition =
+    (recorder || conditions) && roles.includes('control') ? transitionHook({ recorder, conditions }, log) : undefined;
 
   let webhook: WebhookServer | undefined;
   if (roles.includes('webhook')) {
@@ -57,7 +65,11 @@ export async function startClusterRoles(
   }
   let watcher: PodWatcher | undefined;
   if (roles.includes('watch') && kubeConfig) {
-    watcher = new PodWatcher(deps, kubeConfig, cfg, { ...opts.watcher, ...(recorder ? { recorder } : {}) });
+    watcher = new PodWatcher(deps, kubeConfig, cfg, {
+      ...opts.watcher,
+      ...(recorder ? { recorder } : {}),
+      ...(conditions ? { conditions } : {}),
+    });
     watcher.start();
   }
   return {
@@ -67,7 +79,7 @@ export async function startClusterRoles(
     onTransition,
     stop: async () => {
       await Promise.all([watcher?.stop(), webhook?.close()]);
-      await recorder?.flush();
+      await Promise.all([recorder?.flush(), conditions?.flush()]);
     },
   };
 }

@@ -27,6 +27,19 @@ export function preExecWithPrelude(existing: string | undefined, prelude: string
   return prelude + own;
 }
 
+/**
+ * The operations that add a readiness gate of `conditionType` to a pod spec (none when it has one): the
+ * pod is then Ready only once that condition is True.
+ */
+export function readinessGatePatch(
+  gates: readonly { conditionType?: string }[] | undefined,
+  conditionType: string,
+): JsonPatchOp[] {
+  if (gates === undefined) return [{ op: 'add', path: '/spec/readinessGates', value: [{ conditionType }] }];
+  if (gates.some((gate) => gate.conditionType === conditionType)) return [];
+  return [{ op: 'add', path: '/spec/readinessGates/-', value: { conditionType } }];
+}
+
 /** The operations that set annotation `key` to `value` (none when it already has that value). */
 export function annotationPatch(
   annotations: Readonly<Record<string, string>> | undefined,

@@ -125,6 +125,16 @@ export const kubernetesSchema = z.strictObject({
   NetworkPolicies: z.boolean().default(true),
   /** Record Kubernetes Events on pods for the control role's transitions (needs a cluster). */
   RecordEvents: z.boolean().default(true),
+  /**
+   * Set the pod condition `interlink.eu/ReverseForwardsReady` (True once the forwards are up) from the
+   * control role's transitions; the watch role puts it back if something else drops it. RBAC: pods/status patch.
+   */
+  PodCondition: z.boolean().default(true),
+  /**
+   * The mutating webhook adds a readiness gate of that condition to the pods it admits: such a pod is
+   * Ready (in its Services' endpoints, `kubectl wait --for=condition=Ready`) only once its forwards are up.
+   */
+  ReadinessGate: z.boolean().default(false),
   Webhook: z
     .strictObject({
       Address: z.string().min(1).default('0.0.0.0'),

@@ -265,6 +265,8 @@ describe('Backhaul.Kubernetes configuration keys', () => {
       NamespaceLabel: 'interlink.eu/backhaul=enabled',
       NetworkPolicies: true,
       RecordEvents: true,
+      PodCondition: true,
+      ReadinessGate: false,
       Webhook: {
         Address: '0.0.0.0',
         Port: 8443,
