@@ -61,6 +61,7 @@ export function renderPrelude(request: PreludeRequest, settings: PreludeSettings
     // The relay picks the address (another one if the derived one is taken), so the hosts file comes after it.
     ...(ports.length > 0 ? startRelay(ports) : []),
     ...hostsFile(groups),
+    ...kubernetesServiceEnv(request.forwards),
     ...containerBinds(),
     ...(ports.length > 0 ? waitForSockets(ports, waitSeconds) : []),
     '# Files the workload creates keep the permissions it expects.',
@@ -243,6 +244,25 @@ function hostsFile(groups: readonly string[][]): string[] {
     'BACKHAUL_BIND_ADDRESS=$bh_addr',
     'BACKHAUL_SOCKET_DIR=$bh_dir',
     'export BACKHAUL_HOSTS_FILE BACKHAUL_BIND_ADDRESS BACKHAUL_SOCKET_DIR',
+  ];
+}
+
+/**
+ * A forward to the Kubernetes API points in-cluster clients (client-go, the Python, Java and JavaScript
+ * clients' in-cluster loading) at it: they build https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT.
+ * The host is the Service's name, which the hosts file maps to the relay, so the API server's
+ * certificate is still verified against a name it carries (kubernetes.default.svc.<domain>).
+ */
+function kubernetesServiceEnv(forwards: PreludeRequest['forwards']): string[] {
+  const api = forwards.find((f) => f.names.some((name) => name === 'kubernetes.default.svc'));
+  const host = api?.names[0];
+  if (!api || !host) return [];
+  const port = shellQuote(String(api.listenPort));
+  return [
+    `KUBERNETES_SERVICE_HOST=${shellQuote(host)}`,
+    `KUBERNETES_SERVICE_PORT=${port}`,
+    `KUBERNETES_SERVICE_PORT_HTTPS=${port}`,
+    'export KUBERNETES_SERVICE_HOST KUBERNETES_SERVICE_PORT KUBERNETES_SERVICE_PORT_HTTPS',
   ];
 }
 

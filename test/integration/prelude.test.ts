@@ -337,6 +337,43 @@ while time.time() < end:
 print("tries=%d bound=%d received=%d" % (tries, bound, received))
 `;
 
+describe('the Kubernetes API for in-cluster clients (bash)', () => {
+  it('a forward to the API exports KUBERNETES_SERVICE_HOST/PORT, by a name the hosts file maps to the relay', async () => {
+    const uid = newUid('kapi');
+    const address = bindAddress(uid);
+    const workload = [
+      'echo "env $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT $KUBERNETES_SERVICE_PORT_HTTPS"',
+      'bwrap --dev-bind / / --bind "$BACKHAUL_HOSTS_FILE" /etc/hosts getent hosts "$KUBERNETES_SERVICE_HOST" | sed "s/^/resolved /"',
+      '',
+    ].join('\n');
+    const script = await start(
+      'bash',
+      prelude(`redis:6379 6443:kubernetes.default.svc.cluster.local:443`, { WaitForForwards: 1000 }) + workload,
+      { SLURM_JOB_NAME: uid },
+    );
+    const exit = await script.exited;
+    expect(exit.code, script.stderr).toBe(0);
+    expect(script.stdout).toContain('env kubernetes.default.svc.cluster.local 6443 6443');
+    expect(script.stdout).toMatch(
+      new RegExp(
+        `^resolved ${address.replaceAll('.', '\\.')}\\s.*\\skubernetes\\.default\\.svc\\.cluster\\.local\\b`,
+        'm',
+      ),
+    );
+  }, 30_000);
+
+  it('leaves them alone without such a forward', async () => {
+    const uid = newUid('noapi');
+    const script = await start(
+      'bash',
+      `${prelude('redis:6379', { WaitForForwards: 1000 })}echo "env [\${KUBERNETES_SERVICE_HOST:-unset}]"\n`,
+      { SLURM_JOB_NAME: uid, KUBERNETES_SERVICE_HOST: '10.96.0.1' },
+    );
+    expect((await script.exited).code, script.stderr).toBe(0);
+    expect(script.stdout).toContain('env [10.96.0.1]');
+  }, 30_000);
+});
+
 describe('the relay under attack from other users of the node (bash)', () => {
   it('takes another address when the derived one is held by someone else, and the hosts file names that one', async () => {
     const uid = newUid('taken');
