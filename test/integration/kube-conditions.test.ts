@@ -70,7 +70,8 @@ describe('the forwards condition on the pod (readiness gate)', () => {
       roles: ['control', 'watch'],
       bullPrefix: 'bhkc',
       reaperEveryMs: 60_000,
-      cluster: { watcher: { resyncMs: 1_000, backoffBaseMs: 100, backoffMaxMs: 1_000 } },
+      // No resync within a test: a condition put back comes from the pod's watch event.
+      cluster: { watcher: { resyncMs: 600_000, backoffBaseMs: 100, backoffMaxMs: 1_000 } },
     });
     core = kube.kubeConfig().makeApiClient(CoreV1Api);
   });
