@@ -33,6 +33,9 @@ export interface PodWatcherOptions extends PodInformerOptions {
   conditions?: PodConditionWriter;
 }
 
+/** The teardown reason of a served pod the cluster refuses (in its history, and what lifts it). */
+const REFUSED_BY_CLUSTER = 'refused-by-cluster';
+
 /** Deduplication ids of the events the watcher sends (no ':' — ARCHITECTURE.md §3.8). */
 export const watchEventIds = {
   upsert: (uid: string, resourceVersion: string) => `${uid}-upsert-${resourceVersion || 'x'}`,
@@ -218,7 +221,7 @@ export class PodWatcher {
     }
     // Not yet serving (validate refuses it by itself), failed, or already ending: nothing to tear down.
     if (!record?.ok || record.state === 'validating' || record.state === 'failed' || isEnding(record)) return;
-    await this.sendGone(pod.uid, pod, { kind: 'gone', event: 'TEARDOWN', reason: 'refused-by-cluster' });
+    await this.sendGone(pod.uid, pod, { kind: 'gone', event: 'TEARDOWN', reason: REFUSED_BY_CLUSTER });
   }
 
   /**
@@ -228,12 +231,23 @@ export class PodWatcher {
    */
   private async upToDate(pod: WatchedPod, known?: PodRecord | null): Promise<boolean> {
     const record = known === undefined ? await loadPodRecord(this.deps.store, pod.uid) : known;
-    if (!record) return (await this.deps.redis.exists(this.deps.keys.history(pod.uid))) === 1;
+    if (!record) {
+      if ((await this.deps.redis.exists(this.deps.keys.history(pod.uid))) === 0) return false;
+      // Torn down because the cluster refused it (a label removed, a policy added): once it no longer
+      // does, the pod gets its tunnel back.
+      return !(pod.annotations[CLUSTER_VERDICT] === 'ok' && (await this.endedByRefusal(pod.uid)));
+    }
     if (!record.ok) return true; // `status` shows it; an event cannot help
     const ctx = record.context;
     return (
       ctx.namespace === pod.namespace && ctx.name === pod.name && sameAnnotations(ctx.annotations, pod.annotations)
     );
+  }
+
+  /** Whether the pod's last machine ended in a teardown for a cluster refusal (its last few history entries). */
+  private async endedByRefusal(uid: string): Promise<boolean> {
+    const last = await this.deps.store.history(uid, 4);
+    return last.some((entry) => entry.event === 'TEARDOWN' && entry.detail === REFUSED_BY_CLUSTER);
   }
 
   private async sendUpsert(pod: WatchedPod): Promise<void> {

@@ -13,6 +13,7 @@ export { defaultHostId, ROLES, type Role } from './roles.js';
 export interface FleetOptions extends FleetDepsOptions {
   roles: readonly Role[];
   hostId?: string;
+  /** How often the control worker's convergence loop repairs pods due for a look (default 5 s). */
   reaperEveryMs?: number;
   /** The watch and webhook roles, and Events for the control role (src/cluster). */
   cluster?: ClusterRoleOptions;
@@ -45,8 +46,12 @@ export async function startFleet(
   let control: ControlWorker | undefined;
   let session: SessionHost | undefined;
   if (opts.roles.includes('control')) {
-    control = new ControlWorker(deps, { events: redis, steps: redis });
-    await control.schedule(opts.reaperEveryMs);
+    control = new ControlWorker(
+      deps,
+      { events: redis, steps: redis },
+      opts.reaperEveryMs ? { convergence: { reapEveryMs: opts.reaperEveryMs } } : {},
+    );
+    await control.dropOldSchedule();
   }
   if (opts.roles.includes('session')) session = await SessionHost.start(deps, hostId, redis);
   log.info({ roles: opts.roles, hostId }, 'fleet started');

@@ -22,6 +22,7 @@
  *
  *   from every state but done: TEARDOWN | POD_DELETED → tearingDown.
  *   failed ─RETRY─► validating (or ─► tearingDown when it was a teardown that failed).
+ *   failed ─POD_UPSERT (changed)─► validating when the pod was refused as it was (invalid-pod).
  *
  * A stored pod names its leaf state (`active`, not `shadow.active`): leaf names are unique, and the
  * stored form did not change when the shadow phases became one compound state.
@@ -202,6 +203,8 @@ export const podMachine = setup({
     podChanged: ({ context, event }) => event.type === 'POD_UPSERT' && podChanged(context, event),
     reportAddsInfo: ({ context, event }) => reportAddsInfo(context, event),
     teardownPending: ({ context }) => context.podDeleted || context.teardownReason !== null,
+    refusedAsItWas: ({ context }) =>
+      context.lastError?.kind === 'invalid-pod' && !context.podDeleted && context.teardownReason === null,
   },
 }).createMachine({
   id: 'pod',
@@ -337,6 +340,12 @@ export const podMachine = setup({
     failed: {
       tags: ['settled'],
       on: {
+        // A pod refused as it was (its annotations, the cluster's verdict on it) is looked at again when
+        // they change: a fixed annotation, a namespace that opted in, a policy that was lifted.
+        POD_UPSERT: [
+          { guard: and(['podChanged', 'refusedAsItWas']), target: 'validating', actions: ['notePod', 'resetForRetry'] },
+          { guard: 'podChanged', actions: 'notePod' },
+        ],
         // A teardown that failed is retried as a teardown; anything else starts over.
         RETRY: [
           { guard: 'teardownPending', target: 'tearingDown' },

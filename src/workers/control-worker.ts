@@ -4,9 +4,8 @@ import { type PodAction, type PodEvent, PURE_STEPS, parsePodEvent, type StepName
 import { countPodsWith, exhaustedSteps, ignoredEvents, steps, transitions } from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { type EventJobData, QUEUE_NAMES, type StepJobData, sendEvent } from '../pods/queues.js';
-import { DeadlineClock, type DeadlineClockOptions } from './deadline-clock.js';
+import { Converger, type ConvergerOptions } from './converger.js';
 import { forgetPod, runEffects } from './effects.js';
-import { OutboxSweeper, type OutboxSweeperOptions } from './outbox-sweeper.js';
 import { applyPodEvent } from './pod-events.js';
 import { REAPER_JOB, reap } from './reaper.js';
 import { pureStepResult, runStep } from './step-runner.js';
@@ -23,8 +22,8 @@ export const CONTROL_LOCKS = { lockDuration: 10_000, stalledInterval: 5_000, max
 export interface ControlWorkerOptions {
   /** Jobs run at once: events (each a load → transition → compare-and-set) and steps. */
   concurrency?: { events: number; steps: number };
-  deadlines?: DeadlineClockOptions;
-  outbox?: OutboxSweeperOptions;
+  /** The convergence loop: deadlines, effects left behind, repairs (converger.ts). */
+  convergence?: ConvergerOptions;
 }
 
 type PureStepRequest = Extract<PodAction, { type: 'runStep' }> & { params: { step: StepName } };
@@ -37,8 +36,7 @@ type PureStepRequest = Extract<PodAction, { type: 'runStep' }> & { params: { ste
 export class ControlWorker {
   readonly events: Worker<EventJobData>;
   readonly steps: Worker<StepJobData>;
-  readonly deadlines: DeadlineClock;
-  readonly outbox: OutboxSweeper;
+  readonly convergence: Converger;
   /** The last event job of each pod being applied here: the next one of that pod waits for it. */
   private readonly podTurns = new Map<string, Promise<unknown>>();
 
@@ -67,30 +65,22 @@ export class ControlWorker {
     this.steps.on('failed', (job, err) => {
       if (job) void this.reportExhaustedStep(job, err);
     });
-    this.deadlines = new DeadlineClock(deps, opts.deadlines);
-    this.deadlines.start();
-    this.outbox = new OutboxSweeper(deps, opts.outbox);
-    this.outbox.start();
+    this.convergence = new Converger(deps, opts.convergence);
+    this.convergence.start();
     countPodsWith(() => deps.store.countByState());
   }
 
-  /** Registers the periodic reaper (one schedule for the whole fleet, whichever worker runs it). */
-  async schedule(everyMs = 5_000): Promise<void> {
-    await this.deps.queues.events.upsertJobScheduler(
-      REAPER_JOB,
-      { every: everyMs },
-      // Each run is a job: keep none of them, or every 5 s leaves a record behind.
-      {
-        name: REAPER_JOB,
-        data: { uid: '', event: { type: 'RETRY', at: 0 } },
-        opts: { removeOnComplete: true, removeOnFail: { count: 100 } },
-      },
-    );
+  /**
+   * Removes the fleet-wide reaper schedule of earlier versions: each control worker's convergence loop
+   * repairs now, reading only what is due.
+   */
+  async dropOldSchedule(): Promise<void> {
+    await this.deps.queues.events.removeJobScheduler(REAPER_JOB).catch(() => false);
   }
 
   async close(): Promise<void> {
     countPodsWith(undefined);
-    await Promise.all([this.deadlines.stop(), this.outbox.stop()]);
+    await this.convergence.stop();
     await Promise.all([this.events.close(), this.steps.close()]);
   }
 
@@ -100,6 +90,7 @@ export class ControlWorker {
    * workers the compare-and-set still decides.)
    */
   private onEvent(job: Job<EventJobData>): Promise<string> {
+    // A run queued by an earlier version's schedule (dropped at start): harmless, it repairs what is due.
     if (job.name === REAPER_JOB) return reap(this.deps).then((n) => `reaped ${n}`);
     const { uid } = job.data;
     const before = this.podTurns.get(uid) ?? Promise.resolve();

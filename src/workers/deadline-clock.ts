@@ -2,11 +2,8 @@ import { deadlinesSent } from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { loadPodRecords } from '../pods/pod-reader.js';
 import { sendEvent } from '../pods/queues.js';
-import { PeriodicTask } from './periodic-task.js';
 
 export interface DeadlineClockOptions {
-  /** How often the deadline index is polled: a deadline is delivered at most this late. */
-  everyMs?: number;
   /** A claimed deadline not answered by a new state (its event lost) is delivered again this much later. */
   claimMs?: number;
 }
@@ -21,7 +18,6 @@ export interface DeadlineClockOptions {
  * almost never fire): without them the control plane ran 1,268 → 1,656 transitions/s (bench:control).
  */
 export class DeadlineClock {
-  private readonly task: PeriodicTask;
   private readonly claimMs: number;
 
   constructor(
@@ -29,15 +25,6 @@ export class DeadlineClock {
     opts: DeadlineClockOptions = {},
   ) {
     this.claimMs = opts.claimMs ?? 10_000;
-    this.task = new PeriodicTask('deadline clock', opts.everyMs ?? 500, () => this.tick(), deps.log);
-  }
-
-  start(): void {
-    this.task.start();
-  }
-
-  stop(): Promise<void> {
-    return this.task.stop();
   }
 
   /** One poll: sends the DEADLINE of every pod whose deadline is due; returns how many were sent. */

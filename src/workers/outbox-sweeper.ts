@@ -2,11 +2,8 @@ import { podActionsSchema } from '../machines/pod-machine.js';
 import { outboxRepairs } from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { runEffects } from './effects.js';
-import { PeriodicTask } from './periodic-task.js';
 
 export interface OutboxSweeperOptions {
-  /** How often the outbox is looked at. */
-  everyMs?: number;
   /** Effects not cleared this long after they were written were left by a worker that died. */
   ageMs?: number;
 }
@@ -19,7 +16,6 @@ export interface OutboxSweeperOptions {
  * control worker each) and runs their effects again, which every effect tolerates.
  */
 export class OutboxSweeper {
-  private readonly task: PeriodicTask;
   private readonly ageMs: number;
 
   constructor(
@@ -27,15 +23,6 @@ export class OutboxSweeper {
     opts: OutboxSweeperOptions = {},
   ) {
     this.ageMs = opts.ageMs ?? 5_000;
-    this.task = new PeriodicTask('outbox sweep', opts.everyMs ?? 1_000, () => this.sweep(), deps.log);
-  }
-
-  start(): void {
-    this.task.start();
-  }
-
-  stop(): Promise<void> {
-    return this.task.stop();
   }
 
   /** One sweep: runs the left effects of every claimed pod; returns how many pods had some. */

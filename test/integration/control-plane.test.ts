@@ -284,17 +284,19 @@ describe('control plane on a live fleet (control + session roles)', () => {
     await fleet.deps.store.remove(podUid, 1);
   }, 30_000);
 
-  it('RETRY after a refused pod was fixed runs validate again at once (the first validate job does not block it)', async () => {
+  it('a refused pod whose annotation is fixed is validated again at once, no RETRY needed (the first validate job does not block it)', async () => {
     const podUid = uid();
     await upsert(fleet, podUid, 'fixed', { 'interlink.eu/reverse-forwards': 'kubernetes.default.svc:443' });
     await waitForPodState(fleet, podUid, 'failed', 20_000);
-    // The owner fixes the annotation; the pod stays failed until asked to retry.
-    await upsert(fleet, podUid, 'fixed', { 'interlink.eu/reverse-forwards': '6443:kubernetes.default.svc:443' });
+    // The same pod again changes nothing: it stays failed.
+    await upsert(fleet, podUid, 'fixed', { 'interlink.eu/reverse-forwards': 'kubernetes.default.svc:443' });
     await new Promise((r) => setTimeout(r, 500));
     expect((await fleet.deps.store.load(podUid))?.state).toBe('failed');
-    await sendEvent(fleet.deps.queues, podUid, { type: 'RETRY', at: Date.now() });
+    // The owner fixes the annotation: the machine validates it again by itself.
+    await upsert(fleet, podUid, 'fixed', { 'interlink.eu/reverse-forwards': '6443:kubernetes.default.svc:443' });
     // No job for it: the shadow waits for a batch host. (The reaper would re-run validate only after a minute.)
     await waitForPodState(fleet, podUid, 'waitingBatchHost', 25_000);
+    expect(JSON.stringify(await fleet.deps.store.history(podUid))).not.toContain('RETRY');
     await sendEvent(fleet.deps.queues, podUid, { type: 'TEARDOWN', reason: 'test', at: Date.now() });
     await waitForPodState(fleet, podUid, null, 30_000);
   }, 60_000);

@@ -98,7 +98,7 @@ describe('the control worker delivers deadlines and reports steps that used up t
   let control: ControlWorker;
   beforeAll(() => {
     deps = fleetDeps(config, redis.redis, silentLogger(), { keyPrefix: 'dlw:', bullPrefix: 'dlw' });
-    control = new ControlWorker(deps, { events: redis.redis, steps: redis.redis }, { deadlines: { everyMs: 100 } });
+    control = new ControlWorker(deps, { events: redis.redis, steps: redis.redis }, { convergence: { everyMs: 100 } });
   });
   afterAll(async () => {
     await control?.close();

@@ -224,6 +224,40 @@ describe('cluster gate: namespace opt-in and NetworkPolicies (watch and control 
     });
   });
 
+  it('serves a refused pod once its namespace opts in (at the next resync): validated again, no RETRY needed', async () => {
+    kube.api.putNamespace('late');
+    const uid = pod('late', 'early-bird', 'cache.late.svc.cluster.local:6379');
+    const refused = await settled(uid, ['failed']);
+    expect(refused.context.lastError?.message).toMatch(/namespace late is not labelled/);
+    kube.api.labelNamespace('late', OPT_IN);
+    // No pod event: the label is on the namespace.
+    await watcher.resync();
+    const served = await settled(uid, ['launchingShadow']);
+    expect(served.context.annotations[CLUSTER_VERDICT]).toBe('ok');
+    expect(JSON.stringify(await fleet.deps.store.history(uid))).not.toContain('RETRY');
+  });
+
+  it('gives a pod torn down by a policy its tunnel back once the policy is gone', async () => {
+    const uid = pod('team-a', 'again', 'postgres.tenant-b.svc:5432', { app: 'again' });
+    await settled(uid, ['launchingShadow']);
+    kube.api.putNetworkPolicy({
+      metadata: { name: 'deny-again', namespace: 'team-a' },
+      spec: { podSelector: { matchLabels: { app: 'again' } }, policyTypes: ['Egress'] },
+    });
+    await watcher.resync();
+    await waitFor('the machine torn down and forgotten', async () =>
+      (await machine(uid)) === undefined ? true : undefined,
+    );
+    // Still refused: a resync starts nothing.
+    await watcher.resync();
+    await new Promise((r) => setTimeout(r, 500));
+    expect(await machine(uid)).toBeUndefined();
+    kube.api.deleteObject('networkpolicies', 'team-a', 'deny-again');
+    await watcher.resync();
+    const back = await settled(uid, ['launchingShadow']);
+    expect(back.context.annotations[CLUSTER_VERDICT]).toBe('ok');
+  });
+
   it('the control role refuses a machine that no watcher checked (a POD_UPSERT sent by hand)', async () => {
     const uid = 'hand-made-0000-4000-8000-000000000001';
     await sendEvent(fleet.deps.queues, uid, {

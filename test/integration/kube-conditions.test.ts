@@ -58,6 +58,18 @@ describe('the forwards condition on the pod (readiness gate)', () => {
       },
       timeoutMs,
     );
+  /** The condition once it has STATUS and REASON (the patch for a new state follows its transition). */
+  const conditionWith = (name: string, status: string, reason: string) =>
+    waitFor(
+      `condition ${FORWARDS_READY_CONDITION}=${status} (${reason}) on ${name}`,
+      async () => {
+        const found = await ours(name);
+        return found?.status === status && found.reason === reason ? found : undefined;
+      },
+      15_000,
+    ).catch(async (err: Error) => {
+      throw new Error(`${err.message}; the pod shows ${JSON.stringify(await conditions(name))}`);
+    });
   const state = async (uid: string) => (await fleet.deps.store.load(uid))?.state;
   const send = (uid: string, event: PodEvent) => sendEvent(fleet.deps.queues, uid, event);
 
@@ -93,11 +105,12 @@ describe('the forwards condition on the pod (readiness gate)', () => {
     await waitFor('the pod waiting for its shadow', async () =>
       (await state(uid)) === 'launchingShadow' ? true : undefined,
     );
-    expect(await kubectlWait('analysis', 'False')).toMatchObject({ reason: 'Launching' });
+    expect(await kubectlWait('analysis', 'False')).toMatchObject({ status: 'False' });
+    await conditionWith('analysis', 'False', 'Launching');
 
     await send(uid, { type: 'BATCH_HOST', batchHost: 'cn01', jobId: '4242', generation: 1, at: Date.now() });
     await waitFor('openingCarrier', async () => ((await state(uid)) === 'openingCarrier' ? true : undefined));
-    expect(await kubectlWait('analysis', 'False')).toMatchObject({ reason: 'OpeningCarrier' });
+    await conditionWith('analysis', 'False', 'OpeningCarrier');
     const falseSince = (await ours('analysis'))?.lastTransitionTime;
 
     await send(uid, { type: 'FORWARDS_READY', generation: 1, at: Date.now() + 2_000 });
@@ -113,7 +126,8 @@ describe('the forwards condition on the pod (readiness gate)', () => {
     );
 
     await send(uid, { type: 'CARRIER_LOST', reason: 'test', generation: 1, at: Date.now() });
-    expect(await kubectlWait('analysis', 'False')).toMatchObject({ reason: 'Launching' });
+    expect(await kubectlWait('analysis', 'False')).toMatchObject({ status: 'False' });
+    await conditionWith('analysis', 'False', 'Launching');
   });
 
   it('is put back by the watch role when the virtual kubelet writes the pod status without it', async () => {

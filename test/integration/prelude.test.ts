@@ -1,10 +1,25 @@
 import { execFile } from 'node:child_process';
-import { chown, lstat, mkdir, mkdtemp, readdir, readFile, readlink, rm, stat, symlink } from 'node:fs/promises';
+import {
+  chmod,
+  chown,
+  lstat,
+  mkdir,
+  mkdtemp,
+  readdir,
+  readFile,
+  readlink,
+  rm,
+  stat,
+  symlink,
+  writeFile,
+} from 'node:fs/promises';
 import net from 'node:net';
 import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type PreludeSettings, renderPrelude } from '../../src/render/prelude.js';
 import { bindAddress, socketDir } from '../../src/spec/derivations.js';
+import { FakeApiServer } from '../fixtures/fake-apiserver.js';
+import { makeCa, makeServerCert } from '../fixtures/test-pki.js';
 import { ensureUser, JOB_USER, OTHER_USER, runAs, type TestUser } from '../fixtures/users.js';
 import { requestFor } from '../unit/render-fixtures.js';
 import {
@@ -19,6 +34,12 @@ import {
 } from './script-runner.js';
 
 const execFileAsync = promisify(execFile);
+
+/** The client library as the job's user imports it (the project's own copy, readable by everyone). */
+const CLIENT_NODE = new URL('../../node_modules/@kubernetes/client-node/dist/index.js', import.meta.url).href;
+
+/** TEXT as one single-quoted shell word. */
+const shellSingleQuoted = (text: string) => `'${text.replaceAll("'", "'\\''")}'`;
 
 const SETTINGS: PreludeSettings = { SocketRoot: '/tmp', PythonPath: '/usr/bin/python3', WaitForForwards: 2000 };
 const FORWARDS = 'redis:6379 minio.storage.svc.cluster.local:9000 8080:10.0.0.1:80';
@@ -361,6 +382,68 @@ describe('the Kubernetes API for in-cluster clients (bash)', () => {
       ),
     );
   }, 30_000);
+
+  it('an in-cluster client (client-node loadFromCluster) reaches the API through the relay and verifies its certificate', async () => {
+    const uid = newUid('incluster');
+    const dir = socketDir('/tmp', uid);
+    const work = await mkdtemp('/tmp/bh-incluster-');
+    extraPaths.push(work);
+    const ca = await makeCa(work);
+    // The API server's certificate names the Service (and not the relay's 127.x address).
+    const cert = await makeServerCert(work, ca, {
+      prefix: 'apiserver',
+      dns: ['kubernetes', 'kubernetes.default', 'kubernetes.default.svc', 'kubernetes.default.svc.cluster.local'],
+      ips: ['10.96.0.1'],
+    });
+    const api = await FakeApiServer.start({ tls: { cert: cert.cert, key: cert.key }, token: 'in-cluster-token' });
+    const sa = `${work}/serviceaccount`;
+    await mkdir(sa, { mode: 0o755 });
+    await writeFile(`${sa}/token`, 'in-cluster-token');
+    await writeFile(`${sa}/ca.crt`, ca.cert);
+    await writeFile(`${sa}/namespace`, 'user');
+    await chmod(work, 0o755);
+    api.createPod({ metadata: { name: 'seen-from-the-job', namespace: 'user' } });
+    // What the session host's reverse forward is to the job: a socket in the socket dir, to the API.
+    const forward = net.createServer((client) => {
+      const upstream = net.connect(api.port, '127.0.0.1');
+      client.pipe(upstream).pipe(client);
+      client.on('error', () => upstream.destroy());
+      upstream.on('error', () => client.destroy());
+    });
+    try {
+      const client = `
+        const k = await import(${JSON.stringify(CLIENT_NODE)});
+        const kc = new k.KubeConfig();
+        kc.loadFromCluster();
+        const pods = await kc.makeApiClient(k.CoreV1Api).listNamespacedPod({ namespace: 'user' });
+        console.log('server ' + kc.getCurrentCluster().server);
+        console.log('pods ' + pods.items.map((p) => p.metadata.name).join(','));`;
+      const workload = [
+        // As the pod's container would see them: the names, and the service account where clients look
+        // (/var/run is /run here; a tmpfs over it lets bwrap make the mount point as the job's user).
+        `bwrap --dev-bind / / --bind "$BACKHAUL_HOSTS_FILE" /etc/hosts --tmpfs /run --bind ${sa} /run/secrets/kubernetes.io/serviceaccount \\`,
+        `  ${process.execPath} --input-type=module -e ${shellSingleQuoted(client)}`,
+        '',
+      ].join('\n');
+      const script = await start(
+        'bash',
+        prelude('6443:kubernetes.default.svc.cluster.local:443', { WaitForForwards: 20_000 }) + workload,
+        { SLURM_JOB_NAME: uid },
+      );
+      await eventually(async () => (await stat(dir).catch(() => undefined))?.isDirectory() ?? false, 10_000);
+      const socket = `${dir}/6443.sock`;
+      await new Promise<void>((resolve) => forward.listen(socket, resolve));
+      await chown(socket, job.uid, job.gid);
+      const exit = await script.exited;
+      expect(exit.code, `${script.stdout}\n${script.stderr}`).toBe(0);
+      expect(script.stdout).toContain('server https://kubernetes.default.svc.cluster.local:6443');
+      expect(script.stdout).toContain('pods seen-from-the-job');
+      expect(api.usedAccess()).toContain('pods.list');
+    } finally {
+      forward.close();
+      await api.close();
+    }
+  }, 60_000);
 
   it('leaves them alone without such a forward', async () => {
     const uid = newUid('noapi');

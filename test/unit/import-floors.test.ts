@@ -99,6 +99,26 @@ describe('the import graph of src/', () => {
     expect(callers.map((file) => relative(SRC, file))).toEqual(['pods/pod-reader.ts']);
   });
 
+  it('cites the design only as docs/ARCHITECTURE.md, by sections that exist', () => {
+    const doc = readFileSync(new URL('../../docs/ARCHITECTURE.md', import.meta.url), 'utf8');
+    const sections = new Set([...doc.matchAll(/^#{2,3} (\d+(?:\.\d+)?) /gm)].map((m) => m[1]));
+    const roots = ['src', 'tools', 'test', 'bench'].map((dir) =>
+      fileURLToPath(new URL(`../../${dir}/`, import.meta.url)),
+    );
+    const cited: string[] = [];
+    const dangling: string[] = [];
+    for (const file of roots.flatMap((root) => sourceFiles(root))) {
+      const text = readFileSync(file, 'utf8');
+      if (/DESIGN(\.md)? ?§/.test(text)) dangling.push(`${file}: cites DESIGN`);
+      for (const m of text.matchAll(/ARCHITECTURE\.md §(\d+(?:\.\d+)?)/g)) {
+        cited.push(m[1] as string);
+        if (!sections.has(m[1] as string)) dangling.push(`${file}: §${m[1]}`);
+      }
+    }
+    expect(dangling).toEqual([]);
+    expect(cited.length).toBeGreaterThan(20);
+  });
+
   it('reads the imports it judges (a check that finds none would pass anything)', () => {
     const workerImports = [...graph.entries()]
       .filter(([file]) => unitOf(file) === 'workers')

@@ -235,6 +235,51 @@ describe('pod machine: its topology, read from the chart by the code outside it'
   });
 });
 
+describe('pod machine: a refused pod that changes', () => {
+  const refused = () => {
+    const { snapshot } = startPod(INPUT, T0);
+    const failed = applyEvent(snapshot, {
+      type: 'STEP_FAILED',
+      step: 'validate',
+      generation: 0,
+      error: { kind: 'invalid-pod', message: 'cluster: namespace quiet is not labelled', permanent: true },
+      at: T0 + 1,
+    });
+    expect(failed.to).toBe('failed');
+    return failed.snapshot;
+  };
+  const upsert = (annotations: Record<string, string>): PodEvent => ({
+    type: 'POD_UPSERT',
+    namespace: 'user',
+    name: 'analysis',
+    annotations,
+    at: T0 + 2,
+  });
+
+  it('is validated again when its annotations change (a fixed entry, a verdict lifted)', () => {
+    const changed = { ...INPUT.annotations, 'backhaul.interlink.eu/cluster-verdict': 'ok' };
+    const next = applyEvent(refused(), upsert(changed));
+    expect(next.to).toBe('validating');
+    expect(next.snapshot.context.annotations).toEqual(changed);
+    expect(next.snapshot.context.attempts).toBe(0);
+    expect(next.actions).toEqual([{ type: 'runStep', params: { step: 'validate', generation: 0 } }]);
+  });
+
+  it('stays failed for the same pod again, and for a failure that was not a refusal', () => {
+    expect(applyEvent(refused(), upsert(INPUT.annotations ?? {})).changed).toBe(false);
+    const lost = applyEvent(reach('active'), {
+      type: 'SESSION_FAILED',
+      generation: 1,
+      error: { kind: 'forwarding-refused', message: 'no', permanent: true },
+      at: T0 + 3,
+    });
+    expect(lost.to).toBe('failed');
+    const next = applyEvent(lost.snapshot, upsert({ ...INPUT.annotations, x: 'y' }));
+    expect(next.to).toBe('failed');
+    expect(next.snapshot.context.annotations).toMatchObject({ x: 'y' });
+  });
+});
+
 describe('pod machine: the happy path', () => {
   it('starts in validating and asks for the validate step', () => {
     const { snapshot, actions } = startPod(INPUT, T0);

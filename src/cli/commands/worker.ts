@@ -39,7 +39,7 @@ export function registerWorker(program: Command): void {
     program
       .command('worker')
       .description(
-        'run a member of the fleet: control (machines, steps, reaper), session (holds shadows), watch (pods on the virtual nodes), webhook (admission)',
+        'run a member of the fleet: control (machines, steps, the convergence loop), session (holds shadows), watch (pods on the virtual nodes), webhook (admission)',
       )
       .option('--roles <list>', `comma-separated: ${ROLES.join(', ')}`, roles, ['control', 'session'] as Role[])
       .option('--host-id <id>', 'name of this session host (default: <hostname>-<pid>)')
