@@ -48,6 +48,7 @@ export class ClusterGate {
   private readonly services: Memo<V1Service | undefined>;
   private readonly slices: Memo<readonly V1EndpointSlice[]>;
   private readonly pods: Memo<V1Pod | undefined>;
+  private readonly selected: Memo<readonly V1Pod[]>;
 
   constructor(
     kubeConfig: KubeConfig,
@@ -60,6 +61,7 @@ export class ClusterGate {
     this.services = new Memo(cacheMs);
     this.slices = new Memo(cacheMs);
     this.pods = new Memo(cacheMs);
+    this.selected = new Memo(cacheMs);
     this.core = kubeConfig.makeApiClient(CoreV1Api);
     this.discovery = kubeConfig.makeApiClient(DiscoveryV1Api);
     this.networking = kubeConfig.makeApiClient(NetworkingV1Api);
@@ -160,15 +162,47 @@ export class ClusterGate {
     if (found.length > 0) return found;
     const selector = svc.spec?.selector;
     if (!selector || Object.keys(selector).length === 0) return [];
-    // No endpoint ready yet: judge by the pods the Service selects, which have at least these labels.
-    const target = typeof servicePort.targetPort === 'number' ? servicePort.targetPort : port;
+    // No endpoint ready yet: judge by the pods the Service selects (not ready, or not there yet). Their
+    // container ports resolve a named targetPort, and a policy's named port, as the endpoints' would.
+    const targetPort = servicePort.targetPort;
+    const selected = await this.selected.get(`${service.namespace}/${service.name}`, this.now(), async () => {
+      kubeCall('pods.list');
+      const list = await this.core.listNamespacedPod({
+        namespace: service.namespace,
+        labelSelector: Object.entries(selector)
+          .map(([key, value]) => `${key}=${value}`)
+          .join(','),
+      });
+      return list.items;
+    });
+    const resolved = selected.map(destinationPod).flatMap((pod) => {
+      if (typeof targetPort !== 'string') return [{ pod, port: targetPort ?? port }];
+      const named = pod.containerPorts.find((c) => c.name === targetPort && (c.protocol ?? 'TCP') === 'TCP');
+      return named ? [{ pod, port: named.containerPort }] : [];
+    });
+    if (resolved.length > 0) {
+      return resolved.map(({ pod, port: podPort }) => ({
+        ip: svc.spec?.clusterIP ?? '0.0.0.0',
+        port: podPort,
+        protocol: 'TCP' as const,
+        pod,
+        label: `${name} (pod ${pod.name}, no endpoint yet, port ${podPort})`,
+      }));
+    }
+    // No pod yet either: the selector stands for them; a named targetPort keeps its name for named policy ports.
+    const unnamed = typeof targetPort === 'number' ? targetPort : port;
     return [
       {
         ip: svc.spec?.clusterIP ?? '0.0.0.0',
-        port: target,
+        port: unnamed,
         protocol: 'TCP',
-        pod: { namespace: service.namespace, name: `(selected by ${name})`, labels: selector, containerPorts: [] },
-        label: `${name} (the pods it selects; none is ready yet)`,
+        pod: {
+          namespace: service.namespace,
+          name: `(selected by ${name})`,
+          labels: selector,
+          containerPorts: typeof targetPort === 'string' ? [{ name: targetPort, containerPort: unnamed }] : [],
+        },
+        label: `${name} (the pods it selects; none exists yet)`,
       },
     ];
   }

@@ -3,6 +3,7 @@ import {
   type PodContext,
   type PodError,
   type PodEvent,
+  PURE_STEPS,
   STATE_OF_STEP,
   type StepName,
 } from '../machines/pod-machine.js';
@@ -24,6 +25,12 @@ export type StepOutcome = 'done' | 'failed' | 'stale';
 export async function runStep(deps: FleetDeps, uid: string, step: StepName, generation: number): Promise<StepOutcome> {
   const pod = await readPod(deps, uid);
   if (!pod || pod.state !== STATE_OF_STEP[step] || pod.context.generation !== generation) return 'stale';
+  if (PURE_STEPS.has(step)) {
+    // The same function the control worker runs inline: one way to validate and render.
+    const result = pureStepResult(deps, pod.context, step, generation);
+    await sendEvent(deps.queues, uid, result);
+    return result.type === 'STEP_DONE' ? 'done' : 'failed';
+  }
   try {
     await perform(deps, pod, step, generation);
   } catch (err) {
@@ -62,11 +69,8 @@ async function perform(deps: FleetDeps, pod: PodView, step: StepName, generation
   const { context } = pod;
   switch (step) {
     case 'validate':
-      requestOf(context, deps.config);
-      return;
     case 'render':
-      planOf(context, deps.config);
-      return;
+      throw new Error(`step ${step} is pure: pureStepResult runs it`);
     case 'launch': {
       const plan = planOf(context, deps.config);
       // The shadow runs for as long as the tunnel lives; a crashed host's job is picked up by another.

@@ -9,6 +9,7 @@ import { forgetPod } from '../../src/workers/effects.js';
 import { OutboxSweeper } from '../../src/workers/outbox-sweeper.js';
 import { applyPodEvent } from '../../src/workers/pod-events.js';
 import { reap } from '../../src/workers/reaper.js';
+import { runStep } from '../../src/workers/step-runner.js';
 import { controlOnlyConfig, drive, eventsUpTo, FORWARDS } from '../fixtures/control-only.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
 
@@ -122,6 +123,14 @@ describe('reaper: reads only what is due', () => {
     expect(await deps.queues.steps.getJob(stepJob)).toBeUndefined();
     await reap({ ...deps, now: () => Date.now() + 65_000 }, { full: false });
     expect((await deps.queues.steps.getJob(stepJob))?.data).toMatchObject({ uid: podUid, step: 'render' });
+    // Run as a job, render is the same function the control worker runs inline: its result is the event.
+    expect(await runStep(deps, podUid, 'render', 0)).toBe('done');
+    const reported = await deps.queues.events.getJobs(['waiting', 'prioritized'], 0, -1);
+    expect(
+      reported
+        .filter((j) => j.data.uid === podUid)
+        .map((j) => ({ type: j.data.event.type, step: (j.data.event as { step?: string }).step })),
+    ).toContainEqual({ type: 'STEP_DONE', step: 'render' });
     const next = Number(await redis.redis.zscore(deps.keys.review(), podUid));
     expect(next).toBeGreaterThan(Date.now() + 60_000);
     await forgetPod(deps, podUid, 0);

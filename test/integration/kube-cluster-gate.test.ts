@@ -258,6 +258,35 @@ describe('cluster gate: namespace opt-in and NetworkPolicies (watch and control 
     expect(back.context.annotations[CLUSTER_VERDICT]).toBe('ok');
   });
 
+  it("a Service with no endpoint yet: its pods' named ports resolve its targetPort and the policy's named port", async () => {
+    // team-a/web: targetPort "http" (8080 on its pod), no EndpointSlice yet; an ingress policy on its pods
+    // admits app=train on the port named "http" only.
+    kube.api.createPod({
+      metadata: { name: 'web-0', namespace: 'team-a', labels: { app: 'web' } },
+      spec: { containers: [{ name: 'web', ports: [{ name: 'http', containerPort: 8080 }] }] },
+    });
+    kube.api.putService({
+      metadata: { name: 'web', namespace: 'team-a' },
+      spec: { selector: { app: 'web' }, ports: [{ port: 80, targetPort: 'http' }] },
+    });
+    kube.api.putNetworkPolicy({
+      metadata: { name: 'web-from-train', namespace: 'team-a' },
+      spec: {
+        podSelector: { matchLabels: { app: 'web' } },
+        policyTypes: ['Ingress'],
+        ingress: [{ from: [{ podSelector: { matchLabels: { app: 'train' } } }], ports: [{ port: 'http' }] }],
+      },
+    });
+    const served = pod('team-a', 'browser', '8080:web.team-a.svc.cluster.local:80');
+    const first = await settled(served, ['launchingShadow', 'failed']);
+    expect(first.state, first.context.lastError?.message).toBe('launchingShadow');
+    // Another pod's labels are not admitted: refused, naming the policy.
+    const other = pod('team-a', 'stranger', '8080:web.team-a.svc.cluster.local:80', { app: 'stranger' });
+    const refused = await settled(other, ['failed', 'launchingShadow']);
+    expect(refused.state).toBe('failed');
+    expect(refused.context.lastError?.message).toContain('team-a/web-from-train');
+  });
+
   it('the control role refuses a machine that no watcher checked (a POD_UPSERT sent by hand)', async () => {
     const uid = 'hand-made-0000-4000-8000-000000000001';
     await sendEvent(fleet.deps.queues, uid, {
