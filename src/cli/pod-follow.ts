@@ -3,6 +3,25 @@ import type { PodReadDeps } from '../pods/fleet-deps.js';
 import type { HistoryEntry } from '../store/snapshot-store.js';
 import { CliError, EXIT } from './exit-codes.js';
 
+/** What a pod that stays in STATE is most likely waiting for, said so an operator knows where to look. */
+export function waitHint(state: string | null, uid: string): string | undefined {
+  switch (state) {
+    case 'validating':
+    case 'rendering':
+    case 'tearingDown':
+      return 'no control worker took its step: is a `backhaul worker --roles control` running against this Redis?';
+    case 'launchingShadow':
+      return `no session host has taken its shadow, or the site cannot be reached: is a \`backhaul worker --roles session\` running? \`backhaul status ${uid}\` shows the last error`;
+    case 'waitingBatchHost':
+      return `its Slurm job is not running: the job must be named after the pod UID (squeue --name=${uid}) and run as Network.SSH.User`;
+    case 'openingCarrier':
+    case 'establishingForwards':
+      return `the carrier to the batch host is not up yet; \`backhaul status ${uid}\` shows the last error`;
+    default:
+      return undefined;
+  }
+}
+
 /** One line per transition: `<ISO time>  <EVENT>  <from> → <to>  (<detail>)`. */
 export function formatTransition(h: HistoryEntry): string {
   const detail = h.detail ? `  (${h.detail})` : '';
@@ -52,8 +71,13 @@ export class PodFollower {
         await this.flush();
         return state;
       }
-      if (Date.now() > deadline)
-        throw new CliError(`timed out after ${ms / 1000} s; the pod is ${state ?? 'gone'}`, EXIT.failure);
+      if (Date.now() > deadline) {
+        const hint = waitHint(state, this.uid);
+        throw new CliError(
+          `timed out after ${ms / 1000} s; the pod is ${state ?? 'gone'}${hint ? `: ${hint}` : ''}`,
+          EXIT.failure,
+        );
+      }
       await sleep(this.opts.pollMs ?? 200);
     }
   }

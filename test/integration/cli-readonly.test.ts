@@ -1,7 +1,8 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { PodFollower } from '../../src/cli/pod-follow.js';
 import { silentLogger } from '../../src/log.js';
-import { type FleetDeps, fleetDeps } from '../../src/pods/fleet-deps.js';
+import { type FleetDeps, fleetDeps, podReadDeps } from '../../src/pods/fleet-deps.js';
 import { controlOnlyConfig, drive, eventsUpTo } from '../fixtures/control-only.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
 import { waitFor } from '../fixtures/shadow-harness.js';
@@ -114,6 +115,20 @@ describe('read-only commands', () => {
     child.kill('SIGINT');
     expect(await exited, err).toBe(0);
   }, 60_000);
+
+  it('waiting that times out says what the pod waits for (--wait of submit and delete)', async () => {
+    const podUid = `ro${process.pid.toString(16)}-0000-4000-8000-000000000003`;
+    await drive(fleet(), podUid, eventsUpTo('waitingBatchHost', Date.now(), 'unscheduled'));
+    const reader = podReadDeps(redis.redis);
+    try {
+      const waited = new PodFollower(reader, podUid, { write: () => undefined }).until((s) => s === 'active', 300);
+      await expect(waited).rejects.toThrow(
+        `timed out after 0.3 s; the pod is waitingBatchHost: its Slurm job is not running: the job must be named after the pod UID (squeue --name=${podUid})`,
+      );
+    } finally {
+      await reader.queues.close();
+    }
+  });
 
   it('refuses a bad --interval, naming it', async () => {
     const run = await backhaul(['status', '--redis', redis.url, '--watch', '--interval', 'soon']);
