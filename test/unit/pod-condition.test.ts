@@ -9,21 +9,13 @@ import {
 } from '../../src/render/pod-condition.js';
 import { readinessGatePatch } from '../../src/render/webhook-patch.js';
 import { ANNOTATION } from '../../src/spec/annotations.js';
-import { parseSiteConfig } from '../../src/spec/site-config.js';
+import type { SiteConfig } from '../../src/spec/site-config.js';
 import { podReview } from '../fixtures/admission-reviews.js';
 import { jsonPatch } from '../fixtures/fake-apiserver.js';
+import { POD_INPUT } from '../fixtures/pod-input.js';
+import { siteWith } from './spec-fixtures.js';
 
-const INPUT = {
-  uid: '7c1b0f1e-3c4f-4a5e-9d2b-0123456789ab',
-  namespace: 'user',
-  name: 'analysis',
-  annotations: {},
-  retryLimit: 3,
-  backoffBaseMs: 1_000,
-  backoffMaxMs: 30_000,
-  nodeWaitTimeoutMs: 60_000,
-  phaseTimeoutMs: 60_000,
-};
+const INPUT = POD_INPUT;
 const AT = Date.UTC(2026, 11, 3, 18, 0, 0, 750);
 
 describe('the forwards condition', () => {
@@ -77,19 +69,13 @@ describe('the forwards condition', () => {
 });
 
 describe('the readiness gate the webhook adds (Backhaul.Kubernetes.ReadinessGate)', () => {
-  const site = (gate: boolean) =>
-    parseSiteConfig({
-      Network: {
-        SSH: {
-          LoginHost: 'login.example.org',
-          User: 'hpc',
-          KeyFile: '/k',
-          KnownHostsFile: '/kh',
-          Reverse: { Enabled: true },
-        },
-      },
-      Backhaul: { Kubernetes: { ReadinessGate: gate } },
-    });
+  const site = (gate: boolean): SiteConfig => {
+    const base = siteWith();
+    return {
+      ...base,
+      Backhaul: { ...base.Backhaul, Kubernetes: { ...base.Backhaul.Kubernetes, ReadinessGate: gate } },
+    };
+  };
   const gatesAfter = (gate: boolean, spec: Record<string, unknown> = {}) => {
     const review = podReview({ [ANNOTATION.forwards]: 'minio:9000' });
     Object.assign(review.request.object.spec, spec);

@@ -2,18 +2,9 @@ import { describe, expect, it } from 'vitest';
 import { applyEvent, persistPod, startPod } from '../../src/machines/pod-machine.js';
 import { isEnding, podRecordOf } from '../../src/pods/pod-reader.js';
 import type { StoredPod } from '../../src/store/snapshot-store.js';
+import { POD_INPUT } from '../fixtures/pod-input.js';
 
-const INPUT = {
-  uid: '7c1b0f1e-3c4f-4a5e-9d2b-0123456789ab',
-  namespace: 'user',
-  name: 'analysis',
-  annotations: {},
-  retryLimit: 3,
-  backoffBaseMs: 1_000,
-  backoffMaxMs: 30_000,
-  nodeWaitTimeoutMs: 60_000,
-  phaseTimeoutMs: 60_000,
-};
+const INPUT = POD_INPUT;
 
 const stored = (snapshot: unknown, state = 'validating'): StoredPod => ({
   uid: INPUT.uid,
