@@ -201,7 +201,8 @@ export class PodWatcher {
   private keepCondition(pod: WatchedPod, record: PodRecord | null): void {
     const conditions = this.opts.conditions;
     if (!conditions || !record?.ok) return;
-    const wanted = forwardsCondition(record.state, record.context, this.deps.now());
+    // Dated when the pod entered its state (the writer keeps an earlier time while the status stays).
+    const wanted = forwardsCondition(record.state, record.context, record.stored.updatedAt);
     if (!wanted) return;
     const shown = pod.forwardsCondition;
     if (shown && shown.status === wanted.status && shown.reason === wanted.reason) return;
@@ -287,6 +288,7 @@ export class PodWatcher {
     this.sent.set(uid, 'gone');
     this.warned.delete(uid);
     this.refusals.delete(uid);
+    this.opts.conditions?.forget(uid);
   }
 
   private async sendGone(uid: string, pod: Pick<WatchedPod, 'namespace' | 'name'>, gone: GoneEvent): Promise<void> {

@@ -379,27 +379,27 @@ interface StateNodeView {
  * The chart's leaves, by name (the names are unique across the chart; a stored pod names its leaf), each
  * with its path from the root and the tags of the leaf and of every state around it.
  */
-const leaves: ReadonlyMap<PodStateName, { path: readonly string[]; tags: ReadonlySet<string>; node: StateNodeView }> =
-  (() => {
-    const found = new Map<PodStateName, { path: readonly string[]; tags: ReadonlySet<string>; node: StateNodeView }>();
-    const walk = (node: StateNodeView, inherited: readonly string[]) => {
-      const tags = [...inherited, ...node.tags];
-      const children = Object.values(node.states);
-      if (children.length === 0) found.set(node.key as PodStateName, { path: node.path, tags: new Set(tags), node });
-      for (const child of children) walk(child, tags);
-    };
-    for (const node of Object.values(podMachine.root.states as unknown as Record<string, StateNodeView>))
-      walk(node, []);
-    return found;
-  })();
+interface Leaf {
+  path: readonly string[];
+  tags: ReadonlySet<string>;
+  meta: StateNodeView['meta'];
+}
+
+const leaves: ReadonlyMap<PodStateName, Leaf> = (() => {
+  const found = new Map<PodStateName, Leaf>();
+  const walk = (node: StateNodeView, inherited: readonly string[]) => {
+    const tags = [...inherited, ...node.tags];
+    const children = Object.values(node.states);
+    if (children.length === 0)
+      found.set(node.key as PodStateName, { path: node.path, tags: new Set(tags), meta: node.meta });
+    for (const child of children) walk(child, tags);
+  };
+  for (const node of Object.values(podMachine.root.states as unknown as Record<string, StateNodeView>)) walk(node, []);
+  return found;
+})();
 
 /** The leaf states of the chart, as stored (restore and `status` rely on these names). */
 export const CHART_STATES: readonly PodStateName[] = [...leaves.keys()];
-
-const stateNodes = Object.fromEntries([...leaves].map(([name, leaf]) => [name, leaf.node])) as Record<
-  PodStateName,
-  StateNodeView
->;
 
 /** Whether a state carries a tag, read from the chart (works on stored state names). */
 export function stateHasTag(state: PodStateName, tag: PodTag): boolean {
@@ -414,7 +414,7 @@ export function statesTagged(tag: PodTag): ReadonlySet<PodStateName> {
 /** The step each step state runs on entry, from the chart's `meta.step`. */
 export const STEP_OF_STATE: Readonly<Partial<Record<PodStateName, StepName>>> = Object.fromEntries(
   CHART_STATES.flatMap((state) => {
-    const step = stateNodes[state].meta?.step;
+    const step = leaves.get(state)?.meta?.step;
     return step ? [[state, step]] : [];
   }),
 );
@@ -426,7 +426,7 @@ export const STATE_OF_STEP: Readonly<Record<StepName, PodStateName>> = Object.fr
 
 /** Steps that are pure functions of the pod and the site (`meta.pure`): the control worker runs them inline. */
 export const PURE_STEPS: ReadonlySet<StepName> = new Set(
-  Object.values(stateNodes).flatMap(({ meta }) => (meta?.pure && meta.step ? [meta.step] : [])),
+  [...leaves.values()].flatMap(({ meta }) => (meta?.pure && meta.step ? [meta.step] : [])),
 );
 
 // ---- the pure API used by the control worker ----

@@ -7,13 +7,16 @@ import { reap } from './reaper.js';
 export interface ConvergerOptions {
   /** How often the loop runs: a deadline is delivered at most this late (default 500 ms). */
   everyMs?: number;
-  deadlines?: Omit<DeadlineClockOptions, 'everyMs'>;
-  outbox?: Omit<OutboxSweeperOptions, 'everyMs'>;
+  deadlines?: DeadlineClockOptions;
+  outbox?: OutboxSweeperOptions;
   /** How often effects left by a dead worker are looked for (default 1 s). */
   outboxEveryMs?: number;
-  /** How often the pods due for a look are repaired (default 5 s; a full pass every 10 minutes). */
+  /** How often the pods due for a look are repaired (default 5 s). */
   reapEveryMs?: number;
 }
+
+/** Every pod is looked at this often whatever the indexes say (a controller's resync), and at start. */
+const RESYNC_MS = 10 * 60_000;
 
 /**
  * The control plane's one convergence loop, level-triggered like a controller's reconcile: it compares
@@ -31,6 +34,7 @@ export class Converger {
   private readonly reapEveryMs: number;
   private lastOutboxAt = Number.NEGATIVE_INFINITY;
   private lastReapAt = Number.NEGATIVE_INFINITY;
+  private lastFullAt = Number.NEGATIVE_INFINITY;
 
   constructor(
     private readonly deps: FleetDeps,
@@ -61,7 +65,9 @@ export class Converger {
     }
     if (now - this.lastReapAt >= this.reapEveryMs) {
       this.lastReapAt = now;
-      await reap(this.deps);
+      const full = now - this.lastFullAt >= RESYNC_MS;
+      if (full) this.lastFullAt = now;
+      await reap(this.deps, { full });
     }
   }
 }

@@ -11,8 +11,6 @@ export const REAPER_JOB = 'bh-reaper';
 const STEP_GRACE_MS = 60_000;
 /** Pods looked at per run, at most; the rest are due still and are taken by the next run. */
 const BATCH = 500;
-/** Every pod is looked at this often whatever the indexes say (a controller's resync). */
-const RESYNC_MS = 10 * 60_000;
 
 /**
  * When a pod in STATE should be looked at again, counted from when the state was stored (ms), or null
@@ -29,11 +27,9 @@ export function reviewAfter(state: PodStateName): number | null {
 }
 
 export interface ReapOptions {
-  /** Look at every pod, not only the due ones (at start, and every RESYNC_MS). */
+  /** Look at every pod, not only the due ones (the convergence loop asks for it at start and every 10 minutes). */
   full?: boolean;
 }
-
-let lastFullAt = Number.NEGATIVE_INFINITY;
 
 /**
  * Level-triggered repair: whatever an effect failed to do (a Redis hiccup between storing a state and
@@ -43,14 +39,12 @@ let lastFullAt = Number.NEGATIVE_INFINITY;
  *
  * A run reads only what is due: the review index (each stored state says when its pod needs a look,
  * redis/pod-cas.lua) and the lease index (leases past their grace). Pods that wait for nothing — an
- * active pod whose session host renews its lease — cost nothing, however many there are. A full pass
- * over every pod runs at a worker's first run and then every RESYNC_MS, as a controller resyncs.
+ * active pod whose session host renews its lease — cost nothing, however many there are. `full` looks
+ * at every pod, as a controller's resync does.
  */
 export async function reap(deps: FleetDeps, opts: ReapOptions = {}): Promise<number> {
   const now = deps.now();
-  const full = opts.full ?? now - lastFullAt >= RESYNC_MS;
-  if (full) lastFullAt = now;
-  const uids = full
+  const uids = opts.full
     ? await deps.store.list()
     : [
         ...new Set([
