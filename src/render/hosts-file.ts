@@ -1,25 +1,46 @@
+import type { ForwardSlot } from '../spec/derivations.js';
 import type { Forward } from '../spec/reverse-request.js';
 
 /**
- * The lines the prelude appends to the job's copy of /etc/hosts (ARCHITECTURE.md §3.4).
+ * The lines the prelude appends to the job's copy of /etc/hosts (ARCHITECTURE.md §3.4): each Service's
+ * names on its own address.
  *
  * Lines are kept short because musl (Alpine images) reads hosts files with a 512-byte line buffer and
  * misparses longer lines; glibc has no such limit. 64 forwards to Services can carry 256 names, so
- * the names are split over as many lines as needed, each starting with the bind address.
+ * the names are split over as many lines as needed, each starting with the address.
  */
 export const MAX_HOSTS_LINE_LENGTH = 255;
 
 /** The longest bind address (127.255.255.255); grouping assumes it so the prelude and plans agree. */
 const LONGEST_ADDRESS = 15;
 
-/** The names to map to the bind address, each once, in the order of the forwards. */
+/** The names to map, each once, in the order of the forwards. */
 export function hostNames(forwards: readonly Pick<Forward, 'names'>[]): string[] {
   return [...new Set(forwards.flatMap((f) => f.names))];
 }
 
 /**
- * The names split into groups that fit one hosts line each. The grouping does not depend on the bind
- * address, because the prelude only learns the address on the compute node.
+ * The names of each address group (index = group), each name once and in the first group naming it;
+ * a group may have none (IPv4 endpoints only).
+ */
+export function namesByGroup(forwards: readonly (Pick<Forward, 'names'> & Pick<ForwardSlot, 'group'>)[]): string[][] {
+  const groups: string[][] = [];
+  const seen = new Set<string>();
+  for (const f of forwards) {
+    const group = groups[f.group] ?? [];
+    groups[f.group] = group;
+    for (const name of f.names) {
+      if (seen.has(name)) continue;
+      seen.add(name);
+      group.push(name);
+    }
+  }
+  return Array.from(groups, (group) => group ?? []);
+}
+
+/**
+ * The names split into groups that fit one hosts line each. The grouping does not depend on the
+ * address, because the prelude only learns the addresses on the compute node.
  */
 export function hostNameGroups(names: readonly string[]): string[][] {
   const groups: string[][] = [];
@@ -43,8 +64,21 @@ export function hostsLines(address: string, names: readonly string[]): string[] 
   return hostNameGroups(names).map((group) => `${address} ${group.join(' ')}`);
 }
 
-/** The text appended to the hosts file (lines joined by newlines), or undefined when there is none. */
-export function hostsLine(address: string, names: readonly string[]): string | undefined {
-  const lines = hostsLines(address, names);
+/**
+ * The text appended to the hosts file for forwards with their addresses (lines joined by newlines),
+ * or undefined when there is none.
+ */
+export function hostsText(forwards: readonly (Pick<Forward, 'names'> & { bindAddress: string })[]): string | undefined {
+  const byAddress = new Map<string, string[]>();
+  const seen = new Set<string>();
+  for (const f of forwards) {
+    const names = byAddress.get(f.bindAddress) ?? [];
+    byAddress.set(f.bindAddress, names);
+    for (const name of f.names) {
+      if (!seen.has(name)) names.push(name);
+      seen.add(name);
+    }
+  }
+  const lines = [...byAddress].flatMap(([address, names]) => hostsLines(address, names));
   return lines.length > 0 ? lines.join('\n') : undefined;
 }

@@ -1,10 +1,11 @@
 // biome-ignore-all lint/suspicious/noTemplateCurlyInString: these strings are shell code; ${...} is shell parameter expansion.
 import { ANNOTATION } from '../spec/annotations.js';
+import { type ForwardSlot, withSlots } from '../spec/derivations.js';
 import { isDnsName } from '../spec/host-names.js';
 import type { Forward } from '../spec/reverse-request.js';
 import type { ReverseConfig } from '../spec/site-config.js';
 import { SpecError } from '../spec/spec-error.js';
-import { hostNameGroups, hostNames } from './hosts-file.js';
+import { hostNameGroups, namesByGroup } from './hosts-file.js';
 import { hasPrelude, PRELUDE_BEGIN, PRELUDE_END } from './prelude-markers.js';
 import { relaySource } from './relay-source.js';
 import { shellQuote } from './shell-quote.js';
@@ -13,7 +14,8 @@ import { checkSocketPaths } from './socket-paths.js';
 export { hasPrelude, PRELUDE_BEGIN, PRELUDE_END, stripPrelude } from './prelude-markers.js';
 
 /** The part of a ReverseRequest the prelude needs. */
-export type PreludeRequest = { forwards: readonly Pick<Forward, 'listenPort' | 'names'>[] };
+export type PreludeRequest = { forwards: readonly Pick<Forward, 'listenPort' | 'dialHost' | 'names'>[] };
+type SlottedForward = PreludeRequest['forwards'][number] & ForwardSlot;
 /** The site settings the prelude needs (WaitForForwards in milliseconds). */
 export type PreludeSettings = Pick<ReverseConfig, 'SocketRoot' | 'PythonPath' | 'WaitForForwards'> &
   Partial<Pick<ReverseConfig, 'PrivateSocketRoot'>>;
@@ -36,10 +38,13 @@ const PROGRESS_EVERY_SECONDS = 30;
  * otherwise job.sh would become part of the closing marker comment and never run.
  */
 export function renderPrelude(request: PreludeRequest, settings: PreludeSettings, relay = relaySource()): string {
-  const ports = request.forwards.map((f) => f.listenPort);
-  checkPorts(ports);
-  checkNames(request.forwards);
-  checkSocketPaths(settings.SocketRoot, ports);
+  const forwards = withSlots(request.forwards);
+  checkPorts(forwards);
+  checkNames(forwards);
+  checkSocketPaths(
+    settings.SocketRoot,
+    forwards.map((f) => f.socketName),
+  );
   const waitMs = settings.WaitForForwards;
   if (!Number.isFinite(waitMs) || waitMs < 0) {
     throw new SpecError('Network.SSH.Reverse.WaitForForwards', `not a duration: ${waitMs} ms`);
@@ -49,7 +54,6 @@ export function renderPrelude(request: PreludeRequest, settings: PreludeSettings
     // stripPrelude works line by line: a marker inside the embedded source would cut the block short.
     throw new Error('the relay source contains a prelude marker line');
   }
-  const groups = hostNameGroups(hostNames(request.forwards));
 
   return [
     PRELUDE_BEGIN,
@@ -59,30 +63,34 @@ export function renderPrelude(request: PreludeRequest, settings: PreludeSettings
     ...socketDirSetup(),
     ...cleanupTrap(),
     // The relay picks the address (another one if the derived one is taken), so the hosts file comes after it.
-    ...(ports.length > 0 ? startRelay(ports) : []),
-    ...hostsFile(groups),
-    ...kubernetesServiceEnv(request.forwards),
+    ...(forwards.length > 0 ? startRelay(forwards) : []),
+    ...hostsFile(namesByGroup(forwards)),
+    ...kubernetesServiceEnv(forwards),
     ...containerBinds(),
-    ...(ports.length > 0 ? waitForSockets(ports, waitSeconds) : []),
+    ...(forwards.length > 0 ? waitForSockets(forwards, waitSeconds) : []),
     '# Files the workload creates keep the permissions it expects.',
     'umask "$bh_umask"',
     // bh_dir and bh_relay_pid stay: the EXIT trap needs them.
-    'unset bh_root bh_umask bh_uid bh_py bh_relay_src bh_derived bh_addr bh_why bh_hosts bh_bind bh_relay_py bh_ready_file bh_tick bh_ticks bh_n bh_ready bh_rc bh_limit bh_waited bh_missing',
+    'unset -f bh_next_addr 2>/dev/null || :',
+    'unset bh_root bh_umask bh_uid bh_py bh_relay_src bh_derived bh_addr bh_addrs bh_rest bh_why bh_hosts bh_bind bh_relay_py bh_ready_file bh_tick bh_ticks bh_n bh_ready bh_rc bh_limit bh_waited bh_missing',
     PRELUDE_END,
     '',
   ].join('\n');
 }
 
-function checkPorts(ports: readonly number[]): void {
-  for (const port of ports) {
+function checkPorts(forwards: readonly SlottedForward[]): void {
+  for (const { listenPort: port } of forwards) {
     if (!Number.isInteger(port) || port < 1 || port > 65535) {
       throw new SpecError(ANNOTATION.forwards, `listen port ${port} is not a port number`, {
         accepted: 'ports 1-65535',
       });
     }
   }
-  if (new Set(ports).size !== ports.length) {
-    throw new SpecError(ANNOTATION.forwards, 'listen ports repeat', { accepted: 'distinct listen ports' });
+  const onAddress = forwards.map((f) => `${f.group}:${f.listenPort}`);
+  if (new Set(onAddress).size !== onAddress.length) {
+    throw new SpecError(ANNOTATION.forwards, 'listen ports repeat on one address', {
+      accepted: 'distinct listen ports for the forwards to one Service (different Services may share a port)',
+    });
   }
 }
 
@@ -122,6 +130,7 @@ function header(pythonPath: string, relay: string, socketRoot: string): string[]
     '  exit 1',
     'fi',
     'bh_addr=${bh_derived%% *}',
+    'bh_addrs=$bh_addr',
     'bh_dir=${bh_derived#* }',
     // The trap runs `rm -rf` on this path: make sure it is what derive promises.
     'case $bh_addr:$bh_dir in',
@@ -227,23 +236,50 @@ function cleanupTrap(): string[] {
   ];
 }
 
-/** The names are quoted as a group: one printf argument per hosts line. */
+/**
+ * Each address group's names on the address the relay reported for it (`ready <a0> <a1> …`, in group
+ * order). The names are quoted as a group: one printf argument per hosts line.
+ */
 function hostsFile(groups: readonly string[][]): string[] {
+  const single = groups.length <= 1;
+  const lines = (names: readonly string[]) =>
+    hostNameGroups(names).map((line) => `  printf '%s %s\\n' "$bh_addr" ${shellQuote(line.join(' '))}`);
   return [
     'bh_hosts=$bh_dir/hosts',
+    ...(single ? [] : nextAddress()),
     'if ! {',
     '  cat /etc/hosts 2>/dev/null || :',
     // The leading newline guards against an /etc/hosts whose last line has no newline.
     `  printf '\\n# backhaul: Services forwarded to pod %s\\n' "$bh_uid"`,
-    ...groups.map((group) => `  printf '%s %s\\n' "$bh_addr" ${shellQuote(group.join(' '))}`),
+    ...(single ? lines(groups[0] ?? []) : groups.flatMap((names, k) => [`  bh_next_addr ${k + 1}`, ...lines(names)])),
     '} >"$bh_hosts"; then',
     `  printf 'backhaul: cannot write %s\\n' "$bh_hosts" >&2`,
     '  exit 1',
     'fi',
+    // The first address: IPv4 endpoints (no names) are reached there.
+    'bh_addr=${bh_addrs%% *}',
     'BACKHAUL_HOSTS_FILE=$bh_hosts',
     'BACKHAUL_BIND_ADDRESS=$bh_addr',
     'BACKHAUL_SOCKET_DIR=$bh_dir',
     'export BACKHAUL_HOSTS_FILE BACKHAUL_BIND_ADDRESS BACKHAUL_SOCKET_DIR',
+  ];
+}
+
+/** Takes the next address of the relay's ready line into bh_addr; the line must hold one per group. */
+function nextAddress(): string[] {
+  return [
+    'bh_rest=$bh_addrs',
+    'bh_next_addr() {',
+    '  bh_addr=${bh_rest%% *}',
+    '  bh_rest=${bh_rest#"$bh_addr"}',
+    '  bh_rest=${bh_rest# }',
+    '  case $bh_addr in',
+    "    127.*[!0-9.]* | '') ;;",
+    '    127.*) return 0 ;;',
+    '  esac',
+    `  printf 'backhaul: the relay reported fewer than %s addresses: %s\\n' "$1" "$bh_addrs" >&2`,
+    '  exit 1',
+    '}',
   ];
 }
 
@@ -290,8 +326,8 @@ function containerBinds(): string[] {
  * leaves when its parent, this script, ends. The source is written into the socket dir so that ps
  * shows a short command line.
  */
-function startRelay(ports: readonly number[]): string[] {
-  const forwards = ports.map((port) => `--forward=${shellQuote(port)}`).join(' ');
+function startRelay(slotted: readonly SlottedForward[]): string[] {
+  const forwards = slotted.map(relayForward).join(' ');
   return [
     'bh_relay_py=$bh_dir/relay.py',
     'bh_ready_file=$bh_dir/relay.ready',
@@ -315,7 +351,8 @@ function startRelay(ports: readonly number[]): string[] {
     '  fi',
     '  case $bh_ready in',
     "    'ready 127.'*)",
-    '      bh_addr=${bh_ready#ready }',
+    '      bh_addrs=${bh_ready#ready }',
+    '      bh_addr=${bh_addrs%% *}',
     '      break ;;',
     '  esac',
     '  if ! kill -0 "$bh_relay_pid" 2>/dev/null; then',
@@ -340,19 +377,20 @@ function startRelay(ports: readonly number[]): string[] {
  * starts. The workload should not start before them, but must not hang forever either: after the wait
  * it starts anyway, and the relay closes connections to ports whose forward is not up yet.
  */
-function waitForSockets(ports: readonly number[], waitSeconds: number): string[] {
-  const list = shellQuote(ports.join(' '));
+function waitForSockets(slotted: readonly SlottedForward[], waitSeconds: number): string[] {
+  const labels = forwardLabels(slotted);
+  const list = shellQuote(labels.join(' '));
   return [
     `bh_limit=${waitSeconds}`,
     'bh_waited=0',
     `printf 'backhaul: waiting up to %s s for the forwards of ports %s\\n' "$bh_limit" ${list} >&2`,
     'while :; do',
     '  bh_missing=',
-    // One test per port rather than a loop over a quoted list (shellcheck takes a one-word list for a
-    // mistake).
-    ...ports.map(
-      (port) =>
-        `  if [ ! -S "$bh_dir"/${shellQuote(`${port}.sock`)} ]; then bh_missing="$bh_missing "${shellQuote(port)}; fi`,
+    // One test per socket rather than a loop over a quoted list (shellcheck takes a one-word list for
+    // a mistake).
+    ...slotted.map(
+      (f, i) =>
+        `  if [ ! -S "$bh_dir"/${shellQuote(f.socketName)} ]; then bh_missing="$bh_missing "${shellQuote(labels[i] ?? '')}; fi`,
     ),
     '  if [ -z "$bh_missing" ]; then',
     `    printf 'backhaul: forwards ready after %s s\\n' "$bh_waited" >&2`,
@@ -369,4 +407,20 @@ function waitForSockets(ports: readonly number[], waitSeconds: number): string[]
     '  bh_waited=$((bh_waited + 1))',
     'done',
   ];
+}
+
+/** `--forward=[GROUP:]PORT[=SOCKET]` (relay.py); a pod with one Service and distinct ports gets `--forward=PORT`. */
+function relayForward(f: SlottedForward): string {
+  const group = f.group === 0 ? '' : `${f.group}:`;
+  const socket = f.socketName === `${f.listenPort}.sock` ? '' : `="$bh_dir"/${shellQuote(f.socketName)}`;
+  return `--forward=${shellQuote(`${group}${f.listenPort}`)}${socket}`;
+}
+
+/** How the wait names a forward: its port, or `host:port` where Services share the port. */
+function forwardLabels(slotted: readonly SlottedForward[]): string[] {
+  const count = new Map<number, number>();
+  for (const f of slotted) count.set(f.listenPort, (count.get(f.listenPort) ?? 0) + 1);
+  return slotted.map((f) =>
+    (count.get(f.listenPort) ?? 0) > 1 ? `${f.names[0] ?? f.dialHost}:${f.listenPort}` : String(f.listenPort),
+  );
 }

@@ -15,11 +15,13 @@ are checked against test/vectors/derivations.json.
 
 Commands
 --------
-``relay.py derive (--uid UID | --uid-from-env VAR) --socket-root ROOT``
+``relay.py derive (--uid UID | --uid-from-env VAR) --socket-root ROOT [--group K]``
     Prints one line ``<bindAddress> <socketDir>`` and exits 0.
 
     * ``h = FNV-1a-32(UTF-8 bytes of UID)``; bind address
       ``127.(1 + ((h>>16)&255) % 254).((h>>8)&255).(1 + (h&255) % 254)``.
+      For address group K > 0 (one address per Service), the same of
+      ``UID + "/" + K`` (decimal K; "/" is not a UID character).
     * socket dir ``<ROOT without trailing slashes>/bh-<first 16 hex digits of
       sha256(UID)>`` (ROOT "/" gives "/bh-..."); socket path
       ``<socket dir>/<port>.sock``.
@@ -27,21 +29,25 @@ Commands
     ``--uid`` may be empty here (the derivation is defined for it).
 
 ``relay.py serve (--uid UID | --uid-from-env VAR) --socket-dir DIR
---forward PORT[=SOCKETPATH] [--forward ...] [--bind ADDR]``
+--forward [GROUP:]PORT[=SOCKETPATH] [--forward ...] [--bind ADDR ...]``
     * UID comes from ``--uid`` or from the environment variable named by
       ``--uid-from-env`` (e.g. SLURM_JOB_NAME); it must not be empty.
-    * Without ``--bind``, the address derived from UID is tried first; if one
+    * GROUP (default 0) is the forward's address group: the forwards to one
+      Service share one address, each Service has its own, so two Services
+      may listen on one port. Groups are numbered 0..n-1 without gaps.
+    * Without ``--bind``, each group's derived address is tried first; if one
       of its ports is taken (EADDRINUSE) or the address cannot be had, up to
-      32 random addresses of the same range are tried. ``--bind`` binds
-      exactly ADDR or fails.
+      32 random addresses of the same range are tried. ``--bind`` (once per
+      group, in group order) binds exactly those addresses or fails.
     * SOCKETPATH defaults to ``DIR/PORT.sock``; PORT is 1..65535; each port
-      may be forwarded once.
+      may be forwarded once per group.
     * DIR must exist when the relay starts.
     * Every listen port is bound (SO_REUSEADDR) before anything is reported.
       If no address can be bound, a message naming the address and port goes
       to stderr, nothing is left listening and the exit status is 1. Once all
-      are bound, exactly ``ready <address>`` and a newline are written to
-      stdout (flushed): the job writes its hosts file with that address.
+      are bound, exactly ``ready <address of group 0> [<address of group 1>
+      ...]`` and a newline are written to stdout (flushed): the job writes
+      its hosts file with those addresses.
     * The process started (the holder) keeps the listeners and relays in a
       child process, which it starts again if it dies (kill -9, the OOM
       killer), with a logged line, after a backoff of 0.05 s doubling to 5 s;
@@ -95,6 +101,7 @@ PROC_LOOKUP_ATTEMPTS = 3
 TCP_TIME_WAIT = b"06"
 TCP_LISTEN = b"0A"
 BIND_ATTEMPTS = 32  # random addresses tried after the derived one
+MAX_GROUP = 63  # a pod has at most 64 forwards, so at most 64 addresses
 RELAY_PIDS_FILE = "relay.pids"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 RESTART_WINDOW_SECONDS = 60
@@ -133,8 +140,8 @@ def fnv1a32(data):
     return h
 
 
-def bind_address(uid_bytes):
-    h = fnv1a32(uid_bytes)
+def bind_address(uid_bytes, group=0):
+    h = fnv1a32(uid_bytes if group == 0 else uid_bytes + b"/" + str(group).encode("ascii"))
     b = 1 + ((h >> 16) & 255) % 254
     c = (h >> 8) & 255
     d = 1 + (h & 255) % 254
@@ -169,6 +176,7 @@ def _build_parser():
     group.add_argument("--uid")
     group.add_argument("--uid-from-env", metavar="VAR")
     derive.add_argument("--socket-root", required=True, metavar="ROOT")
+    derive.add_argument("--group", default="0", metavar="K")
 
     serve = sub.add_parser("serve", allow_abbrev=False,
                            help="listen and relay to unix sockets")
@@ -177,8 +185,8 @@ def _build_parser():
     group.add_argument("--uid-from-env", metavar="VAR")
     serve.add_argument("--socket-dir", required=True, metavar="DIR")
     serve.add_argument("--forward", action="append", default=[],
-                       metavar="PORT[=SOCKETPATH]")
-    serve.add_argument("--bind", metavar="ADDR")
+                       metavar="[GROUP:]PORT[=SOCKETPATH]")
+    serve.add_argument("--bind", action="append", metavar="ADDR")
     return parser
 
 
@@ -206,16 +214,22 @@ def _parse_port(text):
 
 
 def _parse_forwards(specs, directory):
+    """[(group, port, path)] in the order given."""
     if not specs:
-        raise UsageError("--forward: at least one --forward PORT[=SOCKETPATH] is required")
+        raise UsageError("--forward: at least one --forward [GROUP:]PORT[=SOCKETPATH] is required")
     forwards = []
     seen = set()
     for spec in specs:
-        port_text, sep, path = spec.partition("=")
+        head, sep, path = spec.partition("=")
+        group_text, colon, port_text = head.rpartition(":")
         try:
             port = _parse_port(port_text)
         except ValueError:
             raise UsageError("--forward %s: port must be an integer 1..65535" % spec)
+        try:
+            group = _parse_group(group_text) if colon else 0
+        except ValueError:
+            raise UsageError("--forward %s: the address group must be an integer 0..63" % spec)
         if sep and not path:
             raise UsageError("--forward %s: the socket path is empty" % spec)
         if not sep:
@@ -223,11 +237,25 @@ def _parse_forwards(specs, directory):
         if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
             raise UsageError("--forward %s: socket path %s is longer than %d bytes"
                              % (spec, path, MAX_SOCKET_PATH_BYTES))
-        if port in seen:
-            raise UsageError("--forward %s: port %d is forwarded twice" % (spec, port))
-        seen.add(port)
-        forwards.append((port, path))
+        if (group, port) in seen:
+            raise UsageError("--forward %s: port %d is forwarded twice on address group %d"
+                             % (spec, port, group))
+        seen.add((group, port))
+        forwards.append((group, port, path))
+    groups = sorted(set(group for group, _, _ in forwards))
+    if groups != list(range(len(groups))):
+        raise UsageError("--forward: address groups must be numbered 0..n-1 without gaps, got %s"
+                         % ", ".join(str(g) for g in groups))
     return forwards
+
+
+def _parse_group(text):
+    if not text or len(text) > 2 or not all("0" <= ch <= "9" for ch in text):
+        raise ValueError
+    group = int(text)
+    if group > MAX_GROUP:
+        raise ValueError
+    return group
 
 
 def _parse_bind(text):
@@ -651,10 +679,10 @@ def _random_address(rng):
     return "127.%d.%d.%d" % (rng.randint(1, 254), rng.randint(0, 255), rng.randint(1, 254))
 
 
-def _bind_listeners(address, family, forwards):
+def _bind_listeners(address, family, ports):
     """Listening sockets on every port of ADDRESS, or OSError (with .port) and none left open."""
     listeners = []
-    for port, path in forwards:
+    for port in ports:
         sock = socket.socket(family, socket.SOCK_STREAM)
         listeners.append(sock)
         try:
@@ -670,7 +698,7 @@ def _bind_listeners(address, family, forwards):
     return listeners
 
 
-def _listen(address, family, exact, forwards):
+def _listen(address, family, exact, ports):
     """(address, listeners). The derived address first; if another process holds one of its ports
     (a squatter who derived it too, or a pod whose UID hashes alike), random ones of the range: the
     job learns the address from the ready line and writes the hosts file only then, so whoever
@@ -679,7 +707,7 @@ def _listen(address, family, exact, forwards):
     candidate = address
     for attempt in range(1 if exact else 1 + BIND_ATTEMPTS):
         try:
-            return candidate, _bind_listeners(candidate, family, forwards)
+            return candidate, _bind_listeners(candidate, family, ports)
         except OSError as exc:
             last = "cannot listen on %s (port %d): %s" % (
                 _fmt((candidate, exc.port)), exc.port, _errtext(exc))
@@ -688,6 +716,32 @@ def _listen(address, family, exact, forwards):
             log("%s; trying another address" % last)
             candidate = _random_address(rng)
     raise ListenError("%s; gave up after %d addresses" % (last, 1 + BIND_ATTEMPTS))
+
+
+def _listen_groups(uid_bytes, binds, forwards):
+    """(addresses by group, [(listener, (label, path))] in the order of FORWARDS). Each address group
+    is bound on its own address; on failure nothing is left listening."""
+    count = 1 + max(group for group, _, _ in forwards)
+    addresses = []
+    by_forward = {}
+    opened = []
+    try:
+        for group in range(count):
+            members = [(port, path) for g, port, path in forwards if g == group]
+            if binds is not None:
+                address, family, exact = binds[group], _parse_bind(binds[group]), True
+            else:
+                address, family, exact = bind_address(uid_bytes, group), socket.AF_INET, False
+            address, listeners = _listen(address, family, exact, [port for port, _ in members])
+            opened.extend(listeners)
+            addresses.append(address)
+            for sock, (port, path) in zip(listeners, members):
+                by_forward[(group, port)] = (sock, (_fmt((address, port)), path))
+    except BaseException:
+        for sock in opened:
+            _close(sock)
+        raise
+    return addresses, [by_forward[(group, port)] for group, port, _ in forwards]
 
 
 class ListenError(Exception):
@@ -713,13 +767,14 @@ def serve(args):
     if not directory:
         raise UsageError("--socket-dir: the directory is empty")
     forwards = _parse_forwards(args.forward, directory)
-    exact = args.bind is not None
-    if exact:
-        address = args.bind
-        family = _parse_bind(address)
-    else:
-        address = bind_address(uid_bytes)
-        family = socket.AF_INET
+    binds = args.bind
+    if binds is not None:
+        groups = 1 + max(group for group, _, _ in forwards)
+        if len(binds) != groups:
+            raise UsageError("--bind: %d given, but the forwards have %d address groups (one --bind each)"
+                             % (len(binds), groups))
+        for address in binds:
+            _parse_bind(address)
 
     os.umask(0o077)
     job_shell = os.getppid()
@@ -733,15 +788,14 @@ def serve(args):
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _on_signal)
 
-    listeners = []
+    data = []
     try:
         try:
-            address, listeners = _listen(address, family, exact, forwards)
+            addresses, data = _listen_groups(uid_bytes, binds, forwards)
         except ListenError as exc:
             log(str(exc))
             return 1
-        data = [(sock, (_fmt((address, port)), path)) for sock, (port, path) in zip(listeners, forwards)]
-        sys.stdout.write("ready %s\n" % address)
+        sys.stdout.write("ready %s\n" % " ".join(addresses))
         sys.stdout.flush()
         return _hold(data, directory, identity, job_shell, my_uid)
     except Stop:
@@ -749,7 +803,7 @@ def serve(args):
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
-        for sock in listeners:
+        for sock, _ in data:
             _close(sock)
 
 
@@ -927,7 +981,11 @@ def _accept_all(listener, data, my_uid):
 def derive(args):
     uid_bytes = _uid_bytes(args, allow_empty=True)
     root = os.fsencode(args.socket_root)
-    out = bind_address(uid_bytes).encode("ascii") + b" " + socket_dir(root, uid_bytes) + b"\n"
+    try:
+        group = _parse_group(args.group)
+    except ValueError:
+        raise UsageError("--group %s: the address group must be an integer 0..63" % args.group)
+    out = bind_address(uid_bytes, group).encode("ascii") + b" " + socket_dir(root, uid_bytes) + b"\n"
     stream = getattr(sys.stdout, "buffer", None)
     if stream is None:
         sys.stdout.write(out.decode("utf-8", "surrogateescape"))

@@ -1,11 +1,11 @@
 import { type CarrierMode, carrierMode } from '../spec/carrier-mode.js';
-import { bindAddress, socketDir, socketPath } from '../spec/derivations.js';
+import { bindAddress, socketDir, withSlots } from '../spec/derivations.js';
 import type { PodRef } from '../spec/pod.js';
 import type { ReverseRequest } from '../spec/reverse-request.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { SpecError } from '../spec/spec-error.js';
 import { carrierCommandTemplates } from './carrier-command.js';
-import { hostNames, hostsLine } from './hosts-file.js';
+import { hostsText } from './hosts-file.js';
 import { checkSocketPaths } from './socket-paths.js';
 import { carrierPaths } from './userspace-sshd.js';
 
@@ -17,6 +17,7 @@ export interface SessionPlan {
   uid: string;
   namespace: string;
   name: string;
+  /** The pod's first address (group 0), derived; the relay may hold another when it is taken. */
   bindAddress: string;
   socketDir: string;
   forwards: PlannedForward[];
@@ -33,6 +34,8 @@ export interface PlannedForward {
   host: string;
   port: number;
   dialHost: string;
+  /** The address derived for its Service (one per Service, ARCHITECTURE.md §3.3). */
+  bindAddress: string;
   socketPath: string;
   names: string[];
 }
@@ -69,18 +72,20 @@ export function renderSessionPlan(pod: PodRef, request: ReverseRequest, site: Si
   }
   const ssh = site.Network.SSH;
   const reverse = ssh.Reverse;
+  const slotted = withSlots(request.forwards);
   checkSocketPaths(
     reverse.SocketRoot,
-    request.forwards.map((f) => f.listenPort),
+    slotted.map((f) => f.socketName),
   );
   const address = bindAddress(uid);
   const dir = socketDir(reverse.SocketRoot, uid);
-  const forwards = request.forwards.map((f) => ({
+  const forwards = slotted.map((f) => ({
     listenPort: f.listenPort,
     host: f.host,
     port: f.port,
     dialHost: f.dialHost,
-    socketPath: socketPath(dir, f.listenPort),
+    bindAddress: bindAddress(uid, f.group),
+    socketPath: `${dir}/${f.socketName}`,
     names: [...f.names],
   }));
   const hop: LoginHop = { loginHost: ssh.LoginHost, loginPort: ssh.Port, user: ssh.User };
@@ -93,7 +98,7 @@ export function renderSessionPlan(pod: PodRef, request: ReverseRequest, site: Si
     forwards,
     socks: request.socksPort ?? null,
     carrier: carrierPlan(carrierMode(reverse, request.nodeExec), hop, site, dir),
-    hostsLine: hostsLine(address, hostNames(request.forwards)) ?? null,
+    hostsLine: hostsText(forwards) ?? null,
     waitForForwardsMs: reverse.WaitForForwards,
   };
 }

@@ -1,4 +1,4 @@
-import { MAX_SOCKET_PATH_BYTES, socketDir, socketPath } from '../spec/derivations.js';
+import { MAX_SOCKET_PATH_BYTES, socketDir } from '../spec/derivations.js';
 import { SpecError } from '../spec/spec-error.js';
 
 const FIELD = 'Network.SSH.Reverse.SocketRoot';
@@ -8,10 +8,10 @@ const FIELD = 'Network.SSH.Reverse.SocketRoot';
  * length does not depend on the pod UID (a fixed-size hash), so this can be checked before a pod
  * has a UID: at admission as well as when a session is planned.
  */
-export function checkSocketPaths(socketRoot: string, listenPorts: readonly number[]): void {
+export function checkSocketPaths(socketRoot: string, socketNames: readonly string[]): void {
   const dir = socketDir(socketRoot, '');
-  for (const port of listenPorts) {
-    const path = socketPath(dir, port);
+  for (const name of socketNames) {
+    const path = `${dir}/${name}`;
     const bytes = Buffer.byteLength(path, 'utf8');
     if (bytes > MAX_SOCKET_PATH_BYTES) {
       throw new SpecError(

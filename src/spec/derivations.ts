@@ -17,9 +17,14 @@ export function fnv1a32(text: string): number {
   return h >>> 0;
 }
 
-/** A loopback address held by the pod's relay; never in 127.0.0.0/24 (that is where node services live). */
-export function bindAddress(uid: string): string {
-  const h = fnv1a32(uid);
+/**
+ * The loopback address the pod's relay tries first for address group GROUP (0: the pod's first
+ * address, `BACKHAUL_BIND_ADDRESS`; one group per Service, see `forwardSlots`). Never in 127.0.0.0/24
+ * (that is where node services live). Group k > 0 hashes `<uid>/<k>`: "/" is not a UID character, so
+ * it cannot be another pod's group 0.
+ */
+export function bindAddress(uid: string, group = 0): string {
+  const h = fnv1a32(group === 0 ? uid : `${uid}/${group}`);
   const b = 1 + (((h >>> 16) & 255) % 254);
   const c = (h >>> 8) & 255;
   const d = 1 + ((h & 255) % 254);
@@ -32,6 +37,54 @@ export function socketDir(socketRoot: string, uid: string): string {
   return `${root === '/' ? '' : root}/bh-${digest}`;
 }
 
-export function socketPath(dir: string, listenPort: number): string {
-  return `${dir}/${listenPort}.sock`;
+/**
+ * `<port>.sock` for the first forward listening on PORT, `<port>.<n>.sock` for the n-th (n ≥ 2; two
+ * Services on one port). A pod whose listen ports are distinct keeps the paths it always had.
+ */
+export function socketName(listenPort: number, nth = 1): string {
+  return nth === 1 ? `${listenPort}.sock` : `${listenPort}.${nth}.sock`;
+}
+
+export function socketPath(dir: string, listenPort: number, nth = 1): string {
+  return `${dir}/${socketName(listenPort, nth)}`;
+}
+
+/** What `forwardSlots` needs of a forward. */
+export interface SlotInput {
+  listenPort: number;
+  dialHost: string;
+  /** Names in the hosts file; none for an IPv4 endpoint. */
+  names: readonly string[];
+}
+
+/** Where one forward listens on the node and where its reverse forward ends. */
+export interface ForwardSlot {
+  /** Index of its address (`bindAddress(uid, group)` first; the relay reports the one it holds). */
+  group: number;
+  /** File name of its socket in the socket dir. */
+  socketName: string;
+}
+
+/**
+ * One loopback address per Service: the forwards to one Service (one dial host) share an address, so
+ * two Services may both listen on 5432 and keep their names and ports. A forward without names (an
+ * IPv4 endpoint) is reached by the pod's first address, `BACKHAUL_BIND_ADDRESS`, so it is in group 0.
+ * Groups are numbered in the order the forwards first name them.
+ */
+export function withSlots<F extends SlotInput>(forwards: readonly F[]): (F & ForwardSlot)[] {
+  const groupKeys: string[] = [];
+  const seenPorts = new Map<number, number>();
+  return forwards.map((f) => {
+    const nameless = f.names.length === 0;
+    let group = nameless && groupKeys.length > 0 ? 0 : groupKeys.indexOf(nameless ? '' : f.dialHost);
+    if (group < 0) group = groupKeys.push(nameless ? '' : f.dialHost) - 1;
+    const nth = (seenPorts.get(f.listenPort) ?? 0) + 1;
+    seenPorts.set(f.listenPort, nth);
+    return { ...f, group, socketName: socketName(f.listenPort, nth) };
+  });
+}
+
+/** How many addresses the relay holds for these forwards. */
+export function addressGroupCount(slots: readonly ForwardSlot[]): number {
+  return slots.reduce((n, s) => Math.max(n, s.group + 1), 0);
 }

@@ -43,8 +43,8 @@ const shellSingleQuoted = (text: string) => `'${text.replaceAll("'", "'\\''")}'`
 
 const SETTINGS: PreludeSettings = { SocketRoot: '/tmp', PythonPath: '/usr/bin/python3', WaitForForwards: 2000 };
 const FORWARDS = 'redis:6379 minio.storage.svc.cluster.local:9000 8080:10.0.0.1:80';
-const NAMES =
-  'redis.user.svc.cluster.local redis.user.svc redis.user redis minio.storage.svc.cluster.local minio.storage.svc minio.storage';
+const REDIS_NAMES = 'redis.user.svc.cluster.local redis.user.svc redis.user redis';
+const MINIO_NAMES = 'minio.storage.svc.cluster.local minio.storage.svc minio.storage';
 
 function prelude(forwards: string, settings: Partial<PreludeSettings> = {}): string {
   const { request } = requestFor('node', forwards, forwards === '' ? 11080 : undefined);
@@ -122,7 +122,10 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     expect(state.hosts).toBe(`${dir}/hosts`);
     const hosts = await readFile(`${dir}/hosts`, 'utf8');
     expect(hosts.startsWith(await readFile('/etc/hosts', 'utf8'))).toBe(true);
-    expect(hosts.split('\n')).toContain(`${address} ${NAMES}`);
+    // One address per Service: redis (and the IPv4 endpoint) on the first, minio on its own.
+    const minioAddress = bindAddress(uid, 1);
+    expect(hosts.split('\n')).toContain(`${address} ${REDIS_NAMES}`);
+    expect(hosts.split('\n')).toContain(`${minioAddress} ${MINIO_NAMES}`);
     expect(((await stat(`${dir}/hosts`)).mode & 0o777).toString(8)).toBe('600');
 
     expect(state.apptainer).toBe(`${dir}/hosts:/etc/hosts`);
@@ -136,9 +139,13 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     const relaying = relays.find((pid) => pid !== relay) ?? -1;
     expect((await processInfo(relaying))?.ppid, `relay processes ${relays} with parents ${parents}`).toBe(relay);
     expect((await readFile(`${dir}/relay.pids`, 'utf8')).trim()).toBe(`${relay} ${relaying}`);
-    for (const port of [6379, 9000, 8080]) {
+    for (const [host, port] of [
+      [address, 6379],
+      [minioAddress, 9000],
+      [address, 8080],
+    ] as const) {
       await new Promise<void>((resolve, reject) => {
-        const socket = net.connect({ host: address, port }, () => {
+        const socket = net.connect({ host, port }, () => {
           socket.destroy();
           resolve();
         });
@@ -158,6 +165,55 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     expect(gone(dir)).toBe(true);
     expect(await eventually(async () => (await processInfo(relay)) === undefined)).toBe(true);
     expect(await eventually(async () => (await processInfo(relaying)) === undefined)).toBe(true);
+  }, 60_000);
+
+  it('gives two Services on one port their own addresses, names and sockets', async () => {
+    const uid = newUid('shared-port');
+    const dir = socketDir('/tmp', uid);
+    const script = await start(
+      shell,
+      `set -eu\n${prelude('pg-a:5432 pg-b.user.svc.cluster.local:5432', { WaitForForwards: 60_000 })}${STATE_SNIPPET}`,
+      { SLURM_JOB_NAME: uid },
+    );
+    await script.waitFor(
+      /waiting up to 60 s for the forwards of ports pg-a.user.svc.cluster.local:5432 pg-b/,
+      'stderr',
+    );
+    // What the session host's sshd does: each forward's socket, as the session plan names it.
+    const servers = await Promise.all(
+      ['5432.sock', '5432.2.sock'].map(
+        (name) =>
+          new Promise<net.Server>((resolve, reject) => {
+            const server = net.createServer((c) => c.end(`${name}\n`));
+            server.on('error', reject);
+            // Owned by root: the relay, as the job's user, needs write permission to connect.
+            server.listen(`${dir}/${name}`, () => void chmod(`${dir}/${name}`, 0o666).then(() => resolve(server)));
+          }),
+      ),
+    );
+    try {
+      const state = await script.state();
+      const hosts = (await readFile(`${dir}/hosts`, 'utf8')).split('\n');
+      const [a, b] = [bindAddress(uid), bindAddress(uid, 1)];
+      expect(state.addr).toBe(a);
+      expect(hosts, script.stderr).toContain(`${a} pg-a.user.svc.cluster.local pg-a.user.svc pg-a.user pg-a`);
+      expect(hosts).toContain(`${b} pg-b.user.svc.cluster.local pg-b.user.svc pg-b.user pg-b`);
+      // Each name's address and the unchanged port reach that Service's socket, as the job's user.
+      const read = async (host: string) => {
+        const client = await runAs(job, '/usr/bin/python3', [
+          '-c',
+          'import socket,sys; s=socket.create_connection((sys.argv[1], 5432)); print(s.recv(64).decode().strip())',
+          host,
+        ]);
+        return `${client.stdout.trim()}${client.stderr}`;
+      };
+      expect(await read(a)).toBe('5432.sock');
+      expect(await read(b)).toBe('5432.2.sock');
+    } finally {
+      await Promise.all(servers.map((s) => new Promise((resolve) => s.close(resolve))));
+    }
+    expect((await script.finish()).code).toBe(0);
+    expect(gone(dir)).toBe(true);
   }, 60_000);
 
   it('goes on as soon as every socket is there, and keeps the exit status', async () => {
@@ -322,9 +378,13 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     const script = await start(shell, prelude(FORWARDS, { WaitForForwards: 1000 }) + workload, { SLURM_JOB_NAME: uid });
     const exit = await script.exited;
     expect(exit.code, script.stderr).toBe(0);
-    for (const name of ['redis', 'redis.user', 'minio.storage.svc.cluster.local']) {
+    for (const [name, at] of [
+      ['redis', address],
+      ['redis.user', address],
+      ['minio.storage.svc.cluster.local', bindAddress(uid, 1)],
+    ] as const) {
       expect(script.stdout).toMatch(
-        new RegExp(`^resolved ${name.replaceAll('.', '\\.')} ${address.replaceAll('.', '\\.')}\\s`, 'm'),
+        new RegExp(`^resolved ${name.replaceAll('.', '\\.')} ${at.replaceAll('.', '\\.')}\\s`, 'm'),
       );
     }
   }, 30_000);
@@ -361,7 +421,8 @@ print("tries=%d bound=%d received=%d" % (tries, bound, received))
 describe('the Kubernetes API for in-cluster clients (bash)', () => {
   it('a forward to the API exports KUBERNETES_SERVICE_HOST/PORT, by a name the hosts file maps to the relay', async () => {
     const uid = newUid('kapi');
-    const address = bindAddress(uid);
+    // The API is the pod's second Service: its own address.
+    const address = bindAddress(uid, 1);
     const workload = [
       'echo "env $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT $KUBERNETES_SERVICE_PORT_HTTPS"',
       'bwrap --dev-bind / / --bind "$BACKHAUL_HOSTS_FILE" /etc/hosts getent hosts "$KUBERNETES_SERVICE_HOST" | sed "s/^/resolved /"',

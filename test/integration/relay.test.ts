@@ -25,6 +25,7 @@ interface Vector {
   bindAddress: string;
   socketRoot: string;
   socketDir: string;
+  groupAddresses: Record<string, string>;
 }
 
 let workRoot = '';
@@ -423,6 +424,26 @@ describe('relay.py derive', () => {
     expect(fromEnv.code).toBe(0);
     expect(fromEnv.stdout).toBe(`${unicode.bindAddress} ${unicode.socketDir}\n`);
   });
+
+  it('derives each address group (one per Service) as the vectors say', async () => {
+    const { vectors } = JSON.parse(await readFile(VECTORS, 'utf8')) as { vectors: Vector[] };
+    const asked = vectors.flatMap((vector) =>
+      Object.entries(vector.groupAddresses).map(([group, address]) => ({ vector, group, address })),
+    );
+    const results = await Promise.all(
+      asked.map(({ vector, group }) =>
+        runRelay(['derive', '--uid', vector.uid, '--socket-root', vector.socketRoot, '--group', group], {}, false),
+      ),
+    );
+    results.forEach((result, index) => {
+      const { vector, group, address } = asked[index] as (typeof asked)[number];
+      const what = `uid ${JSON.stringify(vector.uid)} group ${group}: ${result.stderr}`;
+      expect(result.stdout, what).toBe(`${address} ${vector.socketDir}\n`);
+    });
+    const bad = await runRelay(['derive', '--uid', 'x', '--socket-root', '/tmp', '--group', '64'], {}, false);
+    expect(bad.code, bad.stderr).toBe(2);
+    expect(bad.stderr).toContain('--group 64: the address group must be an integer 0..63');
+  });
 });
 
 describe('relay.py serve', () => {
@@ -458,6 +479,78 @@ describe('relay.py serve', () => {
     const second = await exchange(address, p2, '');
     expect(second.data.toString()).toBe('custom\n');
     expect(relay.stderr()).toBe('');
+  });
+
+  it('holds one address per address group, so two Services listen on one port, each to its own socket', async () => {
+    const uid = `test-${randomUUID()}`;
+    const dir = await makeSocketDir();
+    const first = bindAddress(uid);
+    const second = bindAddress(uid, 1);
+    const [port, other] = (await freePorts(first, 2)) as [number, number];
+    await unixServer(path.join(dir, `${port}.sock`), (socket) => {
+      socket.end('pg-a\n');
+    });
+    await unixServer(path.join(dir, `${port}.2.sock`), (socket) => {
+      socket.end('pg-b\n');
+    });
+    await unixServer(path.join(dir, `${other}.sock`), (socket) => {
+      socket.end('v4\n');
+    });
+    const relay = startRelay([
+      '--uid',
+      uid,
+      '--socket-dir',
+      dir,
+      '--forward',
+      String(port),
+      '--forward',
+      `1:${port}=${dir}/${port}.2.sock`,
+      '--forward',
+      `0:${other}`,
+    ]);
+    expect(await relay.ready).toBe(`ready ${first} ${second}`);
+    const answers = await Promise.all([
+      exchange(first, port, ''),
+      exchange(second, port, ''),
+      exchange(first, other, ''),
+    ]);
+    expect(
+      answers.map((a) => a.data.toString()),
+      relay.stderr(),
+    ).toEqual(['pg-a\n', 'pg-b\n', 'v4\n']);
+    expect((await exchange(second, other, '')).error?.message ?? 'connected').toMatch(/ECONNREFUSED/);
+    expect(relay.stderr()).toBe('');
+  });
+
+  it('moves only the group whose derived address is taken to another address', async () => {
+    const uid = `test-${randomUUID()}`;
+    const dir = await makeSocketDir();
+    const second = bindAddress(uid, 1);
+    const [port] = (await freePorts(second, 1)) as [number];
+    const squatter = net.createServer();
+    servers.add(squatter);
+    squatter.listen({ host: second, port });
+    await once(squatter, 'listening');
+    await unixServer(path.join(dir, `${port}.2.sock`), (socket) => {
+      socket.end('pg-b\n');
+    });
+    const relay = startRelay([
+      '--uid',
+      uid,
+      '--socket-dir',
+      dir,
+      '--forward',
+      String(port),
+      '--forward',
+      `1:${port}=${dir}/${port}.2.sock`,
+    ]);
+    const ready = await relay.ready;
+    const [, a0, a1] = ready.split(' ');
+    expect(a0).toBe(bindAddress(uid));
+    expect(a1).not.toBe(second);
+    expect(a1).toMatch(/^127\.\d+\.\d+\.\d+$/);
+    expect(relay.stderr()).toContain(`cannot listen on ${second}:${port}`);
+    expect((await exchange(a1 ?? '', port, '')).data.toString()).toBe('pg-b\n');
   });
 
   it('copies 100 MB each way byte for byte', async () => {
@@ -770,6 +863,9 @@ describe('relay.py serve', () => {
       { args: ['serve', ...base, '--forward', 'http'], flag: '--forward' },
       { args: ['serve', ...base, '--forward', '8080='], flag: '--forward' },
       { args: ['serve', ...base, '--forward', '8080', '--forward', '8080'], flag: '--forward' },
+      { args: ['serve', ...base, '--forward', '1:8080'], flag: 'without gaps' },
+      { args: ['serve', ...base, '--forward', '64:8080'], flag: 'address group' },
+      { args: ['serve', ...base, '--forward', '8080', '--forward', '1:8080'], flag: '--bind: 1 given' },
       { args: ['serve', ...base, '--forward', `8080=/${'x'.repeat(120)}`], flag: '--forward' },
       { args: ['serve', ...base], flag: '--forward' },
       { args: ['serve', '--socket-dir', dir, '--forward', '8080'], flag: '--uid' },

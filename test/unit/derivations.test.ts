@@ -9,6 +9,7 @@ interface Vector {
   socketRoot: string;
   socketDir: string;
   socket9000: string;
+  groupAddresses: Record<string, string>;
 }
 
 const { vectors } = JSON.parse(readFileSync(new URL('../vectors/derivations.json', import.meta.url), 'utf8')) as {
@@ -27,11 +28,17 @@ describe('derivations (ARCHITECTURE.md §3.3)', () => {
     expect(bindAddress(v.uid)).toBe(v.bindAddress);
     expect(socketDir(v.socketRoot, v.uid)).toBe(v.socketDir);
     expect(socketPath(v.socketDir, 9000)).toBe(v.socket9000);
+    for (const [group, address] of Object.entries(v.groupAddresses)) {
+      expect(bindAddress(v.uid, Number(group)), `group ${group}`).toBe(address);
+    }
+    expect(socketPath(v.socketDir, 9000, 2)).toBe(v.socket9000.replace(/9000\.sock$/, '9000.2.sock'));
   });
 
   it('never derives an address in 127.0.0.0/24 or an invalid octet', () => {
     for (let i = 0; i < 20_000; i += 1) {
-      const octets = bindAddress(`uid-${i}`).split('.').map(Number);
+      const octets = bindAddress(`uid-${i}`, i % 64)
+        .split('.')
+        .map(Number);
       expect(octets[0]).toBe(127);
       expect(octets[1]).toBeGreaterThanOrEqual(1);
       expect(octets[1]).toBeLessThanOrEqual(254);

@@ -187,7 +187,7 @@ describe('admission: refusals name the annotation, the entry and what would be a
       { [FWD]: 'kubernetes.default.svc.cluster.local:443' },
       ['below 1024', ':kubernetes.default.svc.cluster.local:443'],
     ],
-    ['a repeated listen port', { [FWD]: 'a.x:9000 b.x:9000' }, ['already used', '"b.x:9000"']],
+    ['a listen port repeated for one Service', { [FWD]: 'a.x:9000 9000:a.x:80' }, ['already used', '"9000:a.x:80"']],
     [
       'more than 64 entries',
       { [FWD]: Array.from({ length: 65 }, (_, i) => `s${i}:${2000 + i}`).join(' ') },

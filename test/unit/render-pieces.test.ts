@@ -8,9 +8,10 @@ import {
 import {
   hostNameGroups,
   hostNames,
-  hostsLine,
   hostsLines,
+  hostsText,
   MAX_HOSTS_LINE_LENGTH,
+  namesByGroup,
 } from '../../src/render/hosts-file.js';
 import { PRELUDE_BEGIN, PRELUDE_END, renderPrelude, stripPrelude } from '../../src/render/prelude.js';
 import { relaySource } from '../../src/render/relay-source.js';
@@ -22,7 +23,7 @@ import {
   renderSshdConfig,
   validateAuthorizedKey,
 } from '../../src/render/userspace-sshd.js';
-import { bindAddress, socketDir } from '../../src/spec/derivations.js';
+import { bindAddress, socketDir, withSlots } from '../../src/spec/derivations.js';
 import type { PodRef } from '../../src/spec/pod.js';
 import { SpecError } from '../../src/spec/spec-error.js';
 import { KEYS, requestFor } from './render-fixtures.js';
@@ -61,18 +62,46 @@ describe('hosts file lines', () => {
     ]);
   });
 
-  it('writes one line with the bind address', () => {
-    const { request } = requestFor('node', 'redis:6379 db.example.org:5432', undefined);
-    expect(hostsLine('127.5.6.7', hostNames(request.forwards))).toBe(
-      '127.5.6.7 redis.user.svc.cluster.local redis.user.svc redis.user redis db.example.org',
+  it('writes each Service on its own address, the forwards to one Service on one', () => {
+    const { request } = requestFor('node', 'redis:6379 db.example.org:5432 9000:redis:6380', undefined);
+    const slotted = withSlots(request.forwards);
+    expect(slotted.map((f) => f.group)).toEqual([0, 1, 0]);
+    expect(namesByGroup(slotted)).toEqual([
+      ['redis.user.svc.cluster.local', 'redis.user.svc', 'redis.user', 'redis'],
+      ['db.example.org'],
+    ]);
+    const address = ['127.5.6.7', '127.8.9.10'];
+    expect(hostsText(slotted.map((f) => ({ ...f, bindAddress: address[f.group] ?? '' })))).toBe(
+      '127.5.6.7 redis.user.svc.cluster.local redis.user.svc redis.user redis\n127.8.9.10 db.example.org',
     );
+  });
+
+  it('puts IPv4 endpoints, which have no names, on the first address', () => {
+    const { request } = requestFor('node', '8080:10.0.0.1:80 redis:6379 8081:10.0.0.2:81', undefined);
+    expect(withSlots(request.forwards).map((f) => f.group)).toEqual([0, 1, 0]);
+    const named = requestFor('node', 'redis:6379 8080:10.0.0.1:80', undefined).request;
+    expect(withSlots(named.forwards).map((f) => f.group)).toEqual([0, 0]);
+  });
+
+  it('names the sockets of Services that share a port apart, and keeps <port>.sock for the first', () => {
+    const { request } = requestFor(
+      'node',
+      'pg-a:5432 pg-b:5432 redis:6379 pg-c.user.svc.cluster.local:5432',
+      undefined,
+    );
+    expect(withSlots(request.forwards).map((f) => [f.group, f.socketName])).toEqual([
+      [0, '5432.sock'],
+      [1, '5432.2.sock'],
+      [2, '6379.sock'],
+      [3, '5432.3.sock'],
+    ]);
   });
 
   it('writes no line for IPv4 endpoints only', () => {
     const { request } = requestFor('node', '8080:10.0.0.1:80 8081:10.0.0.2:81', undefined);
     expect(hostNames(request.forwards)).toEqual([]);
     expect(hostsLines('127.5.6.7', [])).toEqual([]);
-    expect(hostsLine('127.5.6.7', [])).toBeUndefined();
+    expect(hostsText([{ bindAddress: '127.5.6.7', names: [] }])).toBeUndefined();
   });
 
   it('splits long name lists into short lines (musl reads 512-byte lines)', () => {
@@ -85,7 +114,7 @@ describe('hosts file lines', () => {
     }
     expect(lines.flatMap((l) => l.split(' ').slice(1))).toEqual(names);
     expect(hostNameGroups(names).flat()).toEqual(names);
-    expect(hostsLine('127.1.1.1', names)).toBe(hostsLines('127.1.1.1', names).join('\n'));
+    expect(hostsText([{ bindAddress: '127.1.1.1', names }])).toBe(hostsLines('127.1.1.1', names).join('\n'));
   });
 });
 
@@ -326,6 +355,7 @@ describe('session plan', () => {
         host: 'redis',
         port: 6379,
         dialHost: 'redis.user.svc.cluster.local',
+        bindAddress: bindAddress(UID),
         socketPath: `${dir}/6379.sock`,
         names: ['redis.user.svc.cluster.local', 'redis.user.svc', 'redis.user', 'redis'],
       },
@@ -334,6 +364,7 @@ describe('session plan', () => {
         host: '10.0.0.1',
         port: 8080,
         dialHost: '10.0.0.1',
+        bindAddress: bindAddress(UID),
         socketPath: `${dir}/8080.sock`,
         names: [],
       },
@@ -348,6 +379,22 @@ describe('session plan', () => {
       sshdCommand: `exec srun -u --overlap --jobid=<job> -w <batch-host> -N1 -n1 /usr/sbin/sshd -i -e -f ${dir}/carrier/sshd_config`,
     });
     expect(JSON.parse(JSON.stringify(plan))).toEqual(plan);
+  });
+
+  it('gives each Service its own address, so two Services keep one port', () => {
+    const { site, request } = requestFor('node', 'pg-a:5432 pg-b:5432 10.0.0.1:8080', undefined);
+    const plan = renderSessionPlan(pod(UID), request, site);
+    const dir = socketDir(`/tmp/backhaul-${site.Network.SSH.User}`, UID);
+    expect(plan.forwards.map((f) => [f.bindAddress, f.socketPath])).toEqual([
+      [bindAddress(UID), `${dir}/5432.sock`],
+      [bindAddress(UID, 1), `${dir}/5432.2.sock`],
+      [bindAddress(UID), `${dir}/8080.sock`],
+    ]);
+    expect(bindAddress(UID, 1)).not.toBe(bindAddress(UID));
+    expect(plan.hostsLine).toBe(
+      `${bindAddress(UID)} pg-a.user.svc.cluster.local pg-a.user.svc pg-a.user pg-a\n` +
+        `${bindAddress(UID, 1)} pg-b.user.svc.cluster.local pg-b.user.svc pg-b.user pg-b`,
+    );
   });
 
   it('gives node mode the node sshd port and no commands, and no hosts line for IPv4 only', () => {

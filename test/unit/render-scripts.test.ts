@@ -243,10 +243,16 @@ describe('no value reaches the prelude unquoted', () => {
   it('refuses names that are not host names instead of quoting them into the hosts file', () => {
     const { site } = requestFor('node', 'redis:6379', undefined);
     expect(() =>
-      renderPrelude({ forwards: [{ listenPort: 9000, names: ['$(id)'] }] }, site.Network.SSH.Reverse),
+      renderPrelude(
+        { forwards: [{ listenPort: 9000, dialHost: 'x.example.org', names: ['$(id)'] }] },
+        site.Network.SSH.Reverse,
+      ),
     ).toThrow(/not a host name/);
-    expect(() => renderPrelude({ forwards: [{ listenPort: 9000, names: ['a b'] }] }, site.Network.SSH.Reverse)).toThrow(
-      /not a host name/,
-    );
+    expect(() =>
+      renderPrelude(
+        { forwards: [{ listenPort: 9000, dialHost: 'x.example.org', names: ['a b'] }] },
+        site.Network.SSH.Reverse,
+      ),
+    ).toThrow(/not a host name/);
   });
 });

@@ -95,7 +95,7 @@ function unquoted(script: string, token: string): number {
 
 /** The prelude for an unrelated name: where a word occurs unquoted in any prelude (`fi`, `exit`, …). */
 const BASELINE = renderPrelude(
-  { forwards: [{ listenPort: 15999, names: ['zz-baseline.example.org'] }] },
+  { forwards: [{ listenPort: 15999, dialHost: 'zz-baseline.example.org', names: ['zz-baseline.example.org'] }] },
   siteWith({}).Network.SSH.Reverse,
   RELAY,
 );

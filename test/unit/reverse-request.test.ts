@@ -92,10 +92,26 @@ describe('interlink.eu/reverse-forwards grammar (ARCHITECTURE.md §3.1)', () => 
     expect(refused({ [FWD]: '80:web:8080' }).message).toContain('listen port 80 is below 1024');
   });
 
-  it('refuses duplicate listen ports, naming both entries', () => {
-    const err = refused({ [FWD]: 'minio:9000 9000:other:80' });
-    expect(err.entry).toBe('9000:other:80');
+  it('refuses a listen port repeated on one address, naming both entries', () => {
+    const err = refused({ [FWD]: 'minio:9000 9000:minio.user.svc.cluster.local:80' });
+    expect(err.entry).toBe('9000:minio.user.svc.cluster.local:80');
     expect(err.message).toContain('"minio:9000"');
+    expect(err.message).toContain('both are minio.user.svc.cluster.local');
+    expect(err.accepted).toContain('two different Services may share a port');
+    // IPv4 endpoints have no names: they are reached at the first address, with the first Service.
+    const v4 = refused({ [FWD]: 'minio:9000 9000:10.0.0.1:80' });
+    expect(v4.entry).toBe('9000:10.0.0.1:80');
+    expect(v4.message).toContain("IPv4 endpoints are reached at the pod's first address");
+  });
+
+  it('lets two Services share a listen port: each has its own address', () => {
+    const request = parseReverseRequest({ [FWD]: 'pg-a:5432 pg-b:5432 9000:other:80 minio:9000' }, contextWith());
+    expect(request?.forwards.map((f) => `${f.listenPort} ${f.dialHost}`)).toEqual([
+      '5432 pg-a.user.svc.cluster.local',
+      '5432 pg-b.user.svc.cluster.local',
+      '9000 other.user.svc.cluster.local',
+      '9000 minio.user.svc.cluster.local',
+    ]);
   });
 
   it('refuses more than 64 entries', () => {

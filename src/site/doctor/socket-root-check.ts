@@ -1,13 +1,17 @@
 import path from 'node:path';
 import { shellQuote } from '../../render/shell-quote.js';
+import { MAX_FORWARDS } from '../../spec/annotations.js';
 import { MAX_SOCKET_PATH_BYTES, socketDir, socketPath } from '../../spec/derivations.js';
 import { type CheckResult, fail, lastLines, pass } from './check-result.js';
 import type { DoctorContext } from './doctor-context.js';
 import { runScript } from './remote-run.js';
 
-/** The longest socket path a pod can get under a root: a 16-hex-digit dir name and a 5-digit port. */
+/**
+ * The longest socket path a pod can get under a root: a 16-hex-digit dir name, a 5-digit port, and
+ * the 64th forward on that port (every Service of the pod on one port).
+ */
 export function longestSocketPath(root: string): string {
-  return socketPath(socketDir(root, 'x'), 65535);
+  return socketPath(socketDir(root, 'x'), 65535, MAX_FORWARDS);
 }
 
 /**
