@@ -48,6 +48,15 @@ describe('npm run demo', () => {
       'GET http://minio.demo.svc.cluster.local:9000/ -> 200 Hello from minio.demo.svc.cluster.local:9000, a service inside the cluster',
     );
     expect(stdout).toMatch(/GET \/demo\/results\.bin -> 200, 8388608 bytes, identical to what it sent/);
+    // Two Services on one port, each reached by its name and the unchanged port, at its own address.
+    const reached = [
+      ...stdout.matchAll(/workload: (pg-[ab])\.demo\.svc\.cluster\.local:5432 \((127[.\d]+)\) -> (.*)$/gm),
+    ];
+    expect(
+      reached.map((m) => `${m[1]} -> ${m[3]}`),
+      stdout,
+    ).toEqual(['pg-a -> pg-a: SELECT current_database()', 'pg-b -> pg-b: SELECT current_database()']);
+    expect(reached[0]?.[2]).not.toBe(reached[1]?.[2]);
     expect(stdout).toMatch(/FORWARDS_READY +establishingForwards → active/);
     expect(stdout).toMatch(/POD_DELETED +active → tearingDown/);
     expect(stdout).not.toContain('✗');

@@ -13,7 +13,7 @@ import { type Check, failed, jobLeftovers, type LeftoverScope, settle, tunnelLef
 import { bytes, Printer, seconds, stateLine } from './output.js';
 import { DEMO_PACKAGES, installCommand, installPackages, missingPackages } from './packages.js';
 import { demoRedis } from './redis.js';
-import { startService } from './service.js';
+import { startDatabases, startService } from './service.js';
 import {
   bringUpFleet,
   bringUpSite,
@@ -53,7 +53,7 @@ const PHASES = [
   'Checking this machine',
   'Redis',
   'The HPC site on loopback',
-  'The in-cluster service',
+  'The in-cluster services',
   'The fleet',
   'Submitting the pod and its Slurm job',
   'The workload in the job',
@@ -197,18 +197,25 @@ export async function runDemo(options: DemoOptions): Promise<void> {
       return { site, user };
     });
 
-    const service = await step('The in-cluster service', async () => {
+    const { service, databases } = await step('The in-cluster services', async () => {
       const service = await startService();
       cleanup.add('stopped the in-cluster service', () => service.close());
       out.ok(`${service.fqdn}:${service.port}: an HTTP server on ${service.address}:${service.port}`);
-      out.line(`that name does not resolve on this machine; the fleet finds it through its site configuration,`);
-      out.line(`Backhaul.HostAliases: { ${service.fqdn}: ${service.address} }, as cluster DNS would in a cluster`);
-      return service;
+      const databases = await startDatabases();
+      cleanup.add('stopped the two databases', () =>
+        Promise.all(databases.map((db) => db.close())).then(() => undefined),
+      );
+      for (const db of databases) {
+        out.ok(`${db.fqdn}:${db.port}: a database stand-in on ${db.address}:${db.port} (answers with its name)`);
+      }
+      out.line(`these names do not resolve on this machine; the fleet finds them through its site configuration,`);
+      out.line(`Backhaul.HostAliases (name → address), as cluster DNS would in a cluster`);
+      return { service, databases };
     });
 
     const fleet = await step('The fleet', async () => {
       logFile = fleetLogFile(dir);
-      const fleet = await bringUpFleet({ mode, site, service, redisUrl: redis.url, dir }, cleanup);
+      const fleet = await bringUpFleet({ mode, site, service, databases, redisUrl: redis.url, dir }, cleanup);
       out.ok(`control worker: pid ${fleet.control.child.pid} (backhaul worker --roles control)`);
       out.ok(`session host:   pid ${fleet.session.child.pid} (backhaul worker --roles session)`);
       out.line(`site configuration ${fleet.configPath}; their logs go to ${fleet.logFile}`);
@@ -216,15 +223,18 @@ export async function runDemo(options: DemoOptions): Promise<void> {
     });
     const { deps } = fleet;
 
-    const endpoint = `${service.fqdn}:${service.port}`;
-    const pod = demoPod(fleet.config, 'demo', 'analysis', endpoint);
+    // Two databases on one port: each Service gets its own address, so both keep 5432.
+    const endpoints = [service, ...databases].map((s) => `${s.fqdn}:${s.port}`).join(' ');
+    const pod = demoPod(fleet.config, 'demo', 'analysis', endpoints);
     let follower: PodFollower | undefined;
     const timings: Partial<Timings> = {};
 
     const job = await step('Submitting the pod and its Slurm job', async () => {
       out.line(`pod ${pod.namespace}/${pod.name}, uid ${pod.uid}`);
-      out.line(`  interlink.eu/reverse-forwards: ${endpoint}`);
-      out.line(`  bind address ${pod.plan.bindAddress}, socket ${pod.plan.forwards[0]?.socketPath}`);
+      out.line(`  interlink.eu/reverse-forwards: ${endpoints}`);
+      for (const f of pod.plan.forwards) {
+        out.line(`  ${f.dialHost}:${f.listenPort} → address ${f.bindAddress}, socket ${f.socketPath}`);
+      }
       timings.submitAt = await submitPod(deps, pod, cleanup);
       out.ok('POD_UPSERT sent to the events queue, as `backhaul submit` (or the pod watcher) does');
       follower = new PodFollower(deps, pod.uid, { write, format: stateLine(timings.submitAt) });
@@ -232,6 +242,7 @@ export async function runDemo(options: DemoOptions): Promise<void> {
         host: service.fqdn,
         port: service.port,
         bytes: options.bytes ?? DEFAULT_DEMO_BYTES,
+        databases: databases.map((db) => ({ host: db.fqdn, port: db.port, name: db.name })),
       });
       const job = await submitJob(fleet.config, user, dir, pod, body, cleanup);
       const preludeLines = job.script.split('\n').length - body.split('\n').length;
@@ -260,6 +271,9 @@ export async function runDemo(options: DemoOptions): Promise<void> {
       const traffic = service.traffic();
       out.ok(
         `the service answered ${traffic.requests} requests: ${bytes(traffic.bytesIn)} in, ${bytes(traffic.bytesOut)} out`,
+      );
+      out.ok(
+        `the databases, both on port ${databases[0]?.port}: ${databases.map((db) => `${db.name} answered ${db.answered()}`).join(', ')}`,
       );
       await follower?.flush();
       return traffic;

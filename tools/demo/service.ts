@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { Socket } from 'node:net';
+import { createServer as createTcpServer, type Server as NetServer, type Socket } from 'node:net';
 
 /**
  * The in-cluster service of the demo: a small S3-like HTTP server answering as the Service
@@ -38,7 +38,7 @@ function sha256(data: Buffer): string {
   return createHash('sha256').update(data).digest('hex');
 }
 
-async function listenOnFreeAddress(server: Server, port: number): Promise<string> {
+async function listenOnFreeAddress(server: Server | NetServer, port: number): Promise<string> {
   let lastError: Error | undefined;
   for (let attempt = 0; attempt < 20; attempt += 1) {
     const address = `127.0.0.${2 + Math.floor(Math.random() * 252)}`;
@@ -109,6 +109,67 @@ export async function startService(clusterDomain = 'cluster.local'): Promise<Dem
       }
       return now;
     },
+    close: async () => {
+      for (const s of open) s.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}
+
+/**
+ * Two database Services on one port, as a pod may need them: `pg-a` and `pg-b` of the demo namespace,
+ * both on 5432. Each is a stand-in (a PostgreSQL server is more than the demo should install) that
+ * answers every line with `<its name>: <the line>`, so the workload can tell which one it reached. Each
+ * listens on its own 127.0.0.x address, as each would have its own ClusterIP.
+ */
+export const DATABASE_NAMES = ['pg-a', 'pg-b'] as const;
+export const DATABASE_PORT = 5432;
+
+export interface DemoDatabase {
+  name: string;
+  fqdn: string;
+  port: number;
+  address: string;
+  /** Lines answered so far. */
+  answered(): number;
+  close(): Promise<void>;
+}
+
+export async function startDatabases(clusterDomain = 'cluster.local'): Promise<DemoDatabase[]> {
+  const started: DemoDatabase[] = [];
+  try {
+    for (const name of DATABASE_NAMES) started.push(await startDatabase(name, clusterDomain));
+  } catch (error) {
+    await Promise.all(started.map((db) => db.close()));
+    throw error;
+  }
+  return started;
+}
+
+async function startDatabase(name: string, clusterDomain: string): Promise<DemoDatabase> {
+  let answered = 0;
+  const open = new Set<Socket>();
+  const server = createTcpServer((socket) => {
+    open.add(socket);
+    socket.once('close', () => open.delete(socket));
+    socket.on('error', () => undefined);
+    let pending = '';
+    socket.setEncoding('utf8').on('data', (chunk: string) => {
+      pending += chunk;
+      for (let end = pending.indexOf('\n'); end >= 0; end = pending.indexOf('\n')) {
+        answered += 1;
+        socket.write(`${name}: ${pending.slice(0, end)}\n`);
+        pending = pending.slice(end + 1);
+      }
+    });
+  });
+  const address = await listenOnFreeAddress(server, DATABASE_PORT);
+  return {
+    name,
+    fqdn: `${name}.${SERVICE_NAMESPACE}.svc.${clusterDomain}`,
+    port: DATABASE_PORT,
+    address,
+    answered: () => answered,
     close: async () => {
       for (const s of open) s.destroy();
       await new Promise<void>((resolve) => server.close(() => resolve()));

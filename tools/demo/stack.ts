@@ -22,7 +22,7 @@ import { jobState, sbatch, scancel, TERMINAL_STATES, waitForState } from '../san
 import type { TestUser } from '../sandbox/users.js';
 import { startWorker, stopWorker, type WorkerProcess, workerStarted, writeConfig } from '../sandbox/worker-process.js';
 import type { Cleanup } from './cleanup.js';
-import type { DemoService } from './service.js';
+import type { DemoDatabase, DemoService } from './service.js';
 
 /**
  * The demo's moving parts, one function per part so the demo can narrate each and the end-to-end tests
@@ -71,6 +71,8 @@ export interface FleetSetup {
   mode: DemoMode;
   site: LoopbackSite;
   service: Pick<DemoService, 'fqdn' | 'address'>;
+  /** More Services the fleet must find (the demo's two databases on one port). */
+  databases?: readonly Pick<DemoDatabase, 'fqdn' | 'address'>[];
   redisUrl: string;
   /** A directory readable by the job user: config, logs, job output. */
   dir: string;
@@ -97,7 +99,9 @@ export function demoConfigData(setup: FleetSetup): Record<string, unknown> {
       LeaseTTL: '3s',
       RetryBackoff: '500ms',
       HistoryTTL: '1h',
-      HostAliases: { [setup.service.fqdn]: setup.service.address },
+      HostAliases: Object.fromEntries(
+        [setup.service, ...(setup.databases ?? [])].map((service) => [service.fqdn, service.address]),
+      ),
     },
   };
 }
@@ -147,10 +151,10 @@ export interface DemoPod {
   plan: SessionPlan;
 }
 
-/** A pod that asks for one reverse forward to ENDPOINT (`host:port`); a fresh UUID as its UID. */
-export function demoPod(config: SiteConfig, namespace: string, name: string, endpoint: string): DemoPod {
+/** A pod that asks for reverse forwards to ENDPOINTS (`host:port` entries); a fresh UUID as its UID. */
+export function demoPod(config: SiteConfig, namespace: string, name: string, endpoints: string): DemoPod {
   const uid = randomUUID();
-  const annotations = { [ANNOTATION.forwards]: endpoint };
+  const annotations = { [ANNOTATION.forwards]: endpoints };
   const request = parseReverseRequest(annotations, requestContext(config, namespace));
   if (!request) throw new Error('the demo pod has no reverse request');
   const plan = renderSessionPlan({ uid, namespace, name, nodeName: undefined, annotations }, request, config);
