@@ -1,6 +1,12 @@
 import { FORWARDS_READY_CONDITION } from '../render/pod-condition.js';
 import { hasPrelude, renderPrelude, stripPrelude } from '../render/prelude.js';
-import { annotationPatch, type JsonPatchOp, preExecWithPrelude, readinessGatePatch } from '../render/webhook-patch.js';
+import {
+  annotationPatch,
+  enrootMountsWithHosts,
+  type JsonPatchOp,
+  preExecWithPrelude,
+  readinessGatePatch,
+} from '../render/webhook-patch.js';
 import { ANNOTATION, REVERSE_ANNOTATIONS } from '../spec/annotations.js';
 import {
   hasReverseAnnotations,
@@ -16,7 +22,7 @@ import { isSpecError, SpecError } from '../spec/spec-error.js';
  * the response document out; src/cluster/webhook-server.ts serves it over HTTPS.
  *
  * - `mutate`: validates the reverse annotations against the site and patches the prelude into
- *   `slurm-job.vk.io/pre-exec` (idempotent); refuses a bad pod with the annotation, the entry and what
+ *   `slurm-job.vk.io/pre-exec` and the hosts file's mount into `slurm-job.vk.io/enroot-mounts` (idempotent); refuses a bad pod with the annotation, the entry and what
  *   would be accepted. SOCKS, when the site allows it, is admitted with a warning.
  * - `validate`: the same checks on the pod as it will be stored, plus: a pod with forwards must carry the
  *   prelude (otherwise the mutating webhook did not run for it and its job would never start the relay).
@@ -194,9 +200,12 @@ export function admit(review: unknown, mode: AdmissionMode, config: SiteConfig):
     if (!parsed) return respond({ allowed: true });
     const existing = annotations[ANNOTATION.preExec];
     if (mode === 'mutate') {
-      const value = preExecWithPrelude(existing, renderPrelude(parsed, reverse));
       const ops = [
-        ...annotationPatch(annotations, ANNOTATION.preExec, value),
+        ...annotationPatch(annotations, {
+          [ANNOTATION.preExec]: preExecWithPrelude(existing, renderPrelude(parsed, reverse)),
+          // Apptainer gets the hosts file from the prelude's APPTAINER_BIND; enroot from its mounts.
+          [ANNOTATION.enrootMounts]: enrootMountsWithHosts(annotations[ANNOTATION.enrootMounts]),
+        }),
         ...gateOps(pod, config, parsed.forwards.length),
       ];
       const warning = socksWarning(parsed);

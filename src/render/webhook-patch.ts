@@ -1,3 +1,4 @@
+// biome-ignore-all lint/suspicious/noTemplateCurlyInString: the enroot mount is shell text; bash expands ${...} in job.sh.
 import { stripPrelude } from './prelude-markers.js';
 
 /**
@@ -28,6 +29,25 @@ export function preExecWithPrelude(existing: string | undefined, prelude: string
 }
 
 /**
+ * enroot's own bind of the node's /etc/hosts (its `mounts.d/20-config.fstab`), with the job's hosts file
+ * as the source. interLink's Slurm plugin pastes `slurm-job.vk.io/enroot-mounts` unquoted into the
+ * `enroot start` line of job.sh, so bash expands the variable there: the prelude exports it in the batch
+ * script, which runs job.sh. The fallback keeps `enroot start` valid (its --mount wants SRC:DST) for a job
+ * whose prelude did not run; SocketRoot's grammar keeps the path free of blanks and colons.
+ */
+export const ENROOT_HOSTS_MOUNT =
+  '--mount ${BACKHAUL_HOSTS_FILE:-/etc/hosts}:/etc/hosts:none:x-create=file,bind,ro,nosuid,nodev,noexec,private';
+
+/**
+ * The enroot mounts with the hosts file's mount last (after the pod's own, so it is mounted over any
+ * other /etc/hosts). Admitting twice gives the same text as admitting once.
+ */
+export function enrootMountsWithHosts(existing: string | undefined): string {
+  const own = (existing ?? '').split(ENROOT_HOSTS_MOUNT).join(' ').replace(/\s+/g, ' ').trim();
+  return own === '' ? ENROOT_HOSTS_MOUNT : `${own} ${ENROOT_HOSTS_MOUNT}`;
+}
+
+/**
  * The operations that add a readiness gate of `conditionType` to a pod spec (none when it has one): the
  * pod is then Ready only once that condition is True.
  */
@@ -40,19 +60,17 @@ export function readinessGatePatch(
   return [{ op: 'add', path: '/spec/readinessGates/-', value: { conditionType } }];
 }
 
-/** The operations that set annotation `key` to `value` (none when it already has that value). */
+/** The operations that set the annotations in VALUES (none for one that already has its value). */
 export function annotationPatch(
   annotations: Readonly<Record<string, string>> | undefined,
-  key: string,
-  value: string,
+  values: Readonly<Record<string, string>>,
 ): JsonPatchOp[] {
-  if (annotations === undefined) return [{ op: 'add', path: '/metadata/annotations', value: { [key]: value } }];
-  if (annotations[key] === value) return [];
-  return [
-    {
-      op: Object.hasOwn(annotations, key) ? 'replace' : 'add',
+  if (annotations === undefined) return [{ op: 'add', path: '/metadata/annotations', value: { ...values } }];
+  return Object.entries(values)
+    .filter(([key, value]) => annotations[key] !== value)
+    .map(([key, value]) => ({
+      op: Object.hasOwn(annotations, key) ? ('replace' as const) : ('add' as const),
       path: `/metadata/annotations/${jsonPointerSegment(key)}`,
       value,
-    },
-  ];
+    }));
 }

@@ -5,6 +5,8 @@ export const ANNOTATION = {
   nodeExec: 'interlink.eu/reverse-node-exec',
   podVpn: 'interlink.eu/pod-vpn',
   preExec: 'slurm-job.vk.io/pre-exec',
+  /** Pasted by interLink's Slurm plugin into `enroot start …` in job.sh, unquoted. */
+  enrootMounts: 'slurm-job.vk.io/enroot-mounts',
 } as const;
 
 export const REVERSE_ANNOTATIONS = [ANNOTATION.forwards, ANNOTATION.socksPort, ANNOTATION.nodeExec] as const;

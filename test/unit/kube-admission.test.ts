@@ -1,7 +1,14 @@
+// biome-ignore-all lint/suspicious/noTemplateCurlyInString: the enroot mount is shell text; bash expands it in job.sh.
 import { describe, expect, it } from 'vitest';
 import { admit, BadReviewError } from '../../src/cluster/admission.js';
 import { PRELUDE_BEGIN, PRELUDE_END, renderPrelude } from '../../src/render/prelude.js';
-import { annotationPatch, jsonPointerSegment, preExecWithPrelude } from '../../src/render/webhook-patch.js';
+import {
+  annotationPatch,
+  ENROOT_HOSTS_MOUNT,
+  enrootMountsWithHosts,
+  jsonPointerSegment,
+  preExecWithPrelude,
+} from '../../src/render/webhook-patch.js';
 import { ANNOTATION } from '../../src/spec/annotations.js';
 import { parseReverseRequest } from '../../src/spec/reverse-request.js';
 import { patchedAnnotations, podReview } from '../fixtures/admission-reviews.js';
@@ -10,6 +17,7 @@ import { contextWith, siteWith } from './spec-fixtures.js';
 
 const FWD = ANNOTATION.forwards;
 const PRE = ANNOTATION.preExec;
+const ENROOT = ANNOTATION.enrootMounts;
 const SITE = siteWith({ AllowSocks: true });
 const MINIO = 'minio.storage.svc.cluster.local:9000';
 
@@ -118,6 +126,7 @@ describe('admission: mutation (the prelude in slurm-job.vk.io/pre-exec)', () => 
     const ops = JSON.parse(Buffer.from(response.patch ?? '', 'base64').toString('utf8'));
     expect(ops).toEqual([
       { op: 'add', path: '/metadata/annotations/slurm-job.vk.io~1pre-exec', value: prelude(MINIO) },
+      { op: 'add', path: '/metadata/annotations/slurm-job.vk.io~1enroot-mounts', value: ENROOT_HOSTS_MOUNT },
     ]);
     const after = patchedAnnotations(review, response, jsonPatch);
     expect(after[PRE]?.startsWith(`${PRELUDE_BEGIN}\n`)).toBe(true);
@@ -132,6 +141,19 @@ describe('admission: mutation (the prelude in slurm-job.vk.io/pre-exec)', () => 
     const ops = JSON.parse(Buffer.from(response.patch ?? '', 'base64').toString('utf8'));
     expect(ops[0].op).toBe('replace');
     expect(patchedAnnotations(review, response, jsonPatch)[PRE]).toBe(prelude(MINIO) + own);
+  });
+
+  it("mounts the job's hosts file over /etc/hosts for enroot, after the pod's own mounts, once", () => {
+    const own = '--mount /scratch:/scratch --mount /data:/data:none:bind,ro';
+    const { review, response } = mutate({ [FWD]: MINIO, [ENROOT]: own });
+    const after = patchedAnnotations(review, response, jsonPatch);
+    expect(after[ENROOT]).toBe(`${own} ${ENROOT_HOSTS_MOUNT}`);
+    expect(ENROOT_HOSTS_MOUNT).toBe(
+      '--mount ${BACKHAUL_HOSTS_FILE:-/etc/hosts}:/etc/hosts:none:x-create=file,bind,ro,nosuid,nodev,noexec,private',
+    );
+    // A manifest copied from a running pod carries it already: it moves to the end, it is not doubled.
+    expect(enrootMountsWithHosts(`${ENROOT_HOSTS_MOUNT} ${own}`)).toBe(`${own} ${ENROOT_HOSTS_MOUNT}`);
+    expect(mutate(after).response).toEqual({ uid: expect.any(String), allowed: true });
   });
 
   it('is idempotent: admitting the admitted pod again changes nothing', () => {
@@ -168,10 +190,10 @@ describe('admission: mutation (the prelude in slurm-job.vk.io/pre-exec)', () => 
 
   it('escapes JSON Pointer segments', () => {
     expect(jsonPointerSegment('a/b~c')).toBe('a~1b~0c');
-    expect(annotationPatch(undefined, 'k/x', 'v')).toEqual([
-      { op: 'add', path: '/metadata/annotations', value: { 'k/x': 'v' } },
+    expect(annotationPatch(undefined, { 'k/x': 'v', y: 'w' })).toEqual([
+      { op: 'add', path: '/metadata/annotations', value: { 'k/x': 'v', y: 'w' } },
     ]);
-    expect(annotationPatch({ 'k/x': 'v' }, 'k/x', 'v')).toEqual([]);
+    expect(annotationPatch({ 'k/x': 'v' }, { 'k/x': 'v' })).toEqual([]);
     expect(preExecWithPrelude(undefined, 'P\n')).toBe('P\n');
   });
 });
