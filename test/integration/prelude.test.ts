@@ -216,6 +216,39 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     expect(gone(dir)).toBe(true);
   }, 60_000);
 
+  it('holds 64 Services on one port: 64 addresses, 64 hosts lines, 64 sockets within the path limit', async () => {
+    const uid = newUid('sixty-four');
+    const dir = socketDir('/tmp', uid);
+    const forwards = Array.from({ length: 64 }, (_, i) => `db-${i}:5432`).join(' ');
+    const text = prelude(forwards, { WaitForForwards: 1000 });
+    // The 64th Service's socket, the longest name a pod can have (renderPrelude checks 107 bytes).
+    expect(text).toContain(`--forward='63:5432'="$bh_dir"/'5432.64.sock'`);
+    const script = await start(shell, `set -eu\n${text}${STATE_SNIPPET}`, { SLURM_JOB_NAME: uid });
+    const state = await script.state();
+    const added = (await readFile(`${dir}/hosts`, 'utf8')).split('# backhaul: Services forwarded')[1] ?? '';
+    const lines = added.split('\n').filter((line) => line.startsWith('127.'));
+    expect(lines, script.stderr).toHaveLength(64);
+    const addresses = lines.map((line) => line.split(' ')[0]);
+    expect(new Set(addresses).size).toBe(64);
+    expect(addresses[0]).toBe(state.addr);
+    lines.forEach((line, i) => {
+      expect(line).toMatch(new RegExp(` db-${i}\\.user\\.svc\\.cluster\\.local .* db-${i}$`));
+    });
+    // Every address listens on 5432, for the job's user only; the wait named the last socket's Service.
+    for (const address of [addresses[0], addresses[63]]) {
+      await new Promise<void>((resolve, reject) => {
+        const socket = net.connect({ host: address ?? '', port: 5432 }, () => {
+          socket.destroy();
+          resolve();
+        });
+        socket.on('error', reject);
+      });
+    }
+    expect(script.stderr).toContain('db-63.user.svc.cluster.local:5432;');
+    expect((await script.finish()).code).toBe(0);
+    expect(gone(dir)).toBe(true);
+  }, 60_000);
+
   it('goes on as soon as every socket is there, and keeps the exit status', async () => {
     const uid = newUid('early');
     const dir = socketDir('/tmp', uid);
