@@ -205,6 +205,13 @@ async function unixServer(
   return { server, connections: () => count };
 }
 
+/** A unix socket server that answers every connection with TEXT and closes it. */
+function answering(socketPath: string, text: string): Promise<UnixServer> {
+  return unixServer(socketPath, (socket) => {
+    socket.end(text);
+  });
+}
+
 const echo = (socket: net.Socket) => {
   socket.pipe(socket);
 };
@@ -481,33 +488,22 @@ describe('relay.py serve', () => {
     expect(relay.stderr()).toBe('');
   });
 
+  /** Two Services on PORT: group 0 to `<port>.sock`, group 1 to `<port>.2.sock`, as the prelude asks. */
+  const twoServices = (uid: string, dir: string, port: number) => [
+    ...['--uid', uid, '--socket-dir', dir],
+    ...['--forward', String(port), '--forward', `1:${port}=${dir}/${port}.2.sock`],
+  ];
+
   it('holds one address per address group, so two Services listen on one port, each to its own socket', async () => {
     const uid = `test-${randomUUID()}`;
     const dir = await makeSocketDir();
     const first = bindAddress(uid);
     const second = bindAddress(uid, 1);
     const [port, other] = (await freePorts(first, 2)) as [number, number];
-    await unixServer(path.join(dir, `${port}.sock`), (socket) => {
-      socket.end('pg-a\n');
-    });
-    await unixServer(path.join(dir, `${port}.2.sock`), (socket) => {
-      socket.end('pg-b\n');
-    });
-    await unixServer(path.join(dir, `${other}.sock`), (socket) => {
-      socket.end('v4\n');
-    });
-    const relay = startRelay([
-      '--uid',
-      uid,
-      '--socket-dir',
-      dir,
-      '--forward',
-      String(port),
-      '--forward',
-      `1:${port}=${dir}/${port}.2.sock`,
-      '--forward',
-      `0:${other}`,
-    ]);
+    await answering(path.join(dir, `${port}.sock`), 'pg-a\n');
+    await answering(path.join(dir, `${port}.2.sock`), 'pg-b\n');
+    await answering(path.join(dir, `${other}.sock`), 'v4\n');
+    const relay = startRelay([...twoServices(uid, dir, port), '--forward', `0:${other}`]);
     expect(await relay.ready).toBe(`ready ${first} ${second}`);
     const answers = await Promise.all([
       exchange(first, port, ''),
@@ -531,19 +527,8 @@ describe('relay.py serve', () => {
     servers.add(squatter);
     squatter.listen({ host: second, port });
     await once(squatter, 'listening');
-    await unixServer(path.join(dir, `${port}.2.sock`), (socket) => {
-      socket.end('pg-b\n');
-    });
-    const relay = startRelay([
-      '--uid',
-      uid,
-      '--socket-dir',
-      dir,
-      '--forward',
-      String(port),
-      '--forward',
-      `1:${port}=${dir}/${port}.2.sock`,
-    ]);
+    await answering(path.join(dir, `${port}.2.sock`), 'pg-b\n');
+    const relay = startRelay(twoServices(uid, dir, port));
     const ready = await relay.ready;
     const [, a0, a1] = ready.split(' ');
     expect(a0).toBe(bindAddress(uid));
