@@ -594,6 +594,34 @@ describe('the relay under attack from other users of the node (bash)', () => {
     }
   }, 30_000);
 
+  it("moves only the Service whose address is held, and the hosts file names each Service's own", async () => {
+    const uid = newUid('taken-second');
+    const dir = socketDir('/tmp', uid);
+    const [first, second] = [bindAddress(uid), bindAddress(uid, 1)];
+    const squatter = net.createServer((socket) => socket.destroy());
+    squatter.listen({ host: second, port: 6379 });
+    await new Promise((resolve) => squatter.once('listening', resolve));
+    try {
+      const script = await start('bash', prelude('redis:6379 cache:6379', { WaitForForwards: 1000 }) + STATE_SNIPPET, {
+        SLURM_JOB_NAME: uid,
+      });
+      const state = await script.state();
+      expect(state.addr, script.stderr).toBe(first);
+      const lines = (await readFile(`${dir}/hosts`, 'utf8')).split('\n');
+      expect(lines).toContain(`${first} redis.user.svc.cluster.local redis.user.svc redis.user redis`);
+      const cache = lines.find((line) =>
+        line.endsWith(' cache.user.svc.cluster.local cache.user.svc cache.user cache'),
+      );
+      const moved = cache?.split(' ')[0];
+      expect(moved, lines.join('\n')).toMatch(/^127\.\d+\.\d+\.\d+$/);
+      expect([first, second]).not.toContain(moved);
+      expect(script.stderr).toContain(`cannot listen on ${second}:6379`);
+      await script.finish();
+    } finally {
+      await new Promise((resolve) => squatter.close(resolve));
+    }
+  }, 30_000);
+
   it('starts a killed relaying process again on the same listeners: another user never gets the address', async () => {
     const uid = newUid('kill9');
     const dir = socketDir('/tmp', uid);
