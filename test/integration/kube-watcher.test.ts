@@ -295,7 +295,7 @@ describe('the watch role in the fleet', () => {
       } finally {
         await fleet.stop();
       }
-      expect(kube.api.watchCount).toBe(0);
+      expect(await kube.api.openWatchesAfter(), 'watches still open 3 s after the fleet stopped').toBe(0);
     } finally {
       connection.disconnect();
       await redis.close();
@@ -384,7 +384,7 @@ describe('the watch role in the fleet', () => {
         child.kill('SIGTERM');
       }
       expect(await exited, stderr).toBe(0);
-      expect(kube.api.watchCount).toBe(0);
+      expect(await kube.api.openWatchesAfter(), `watches still open 3 s after the worker exited; ${stderr}`).toBe(0);
     } finally {
       await redis.close();
       await kube.close();
