@@ -69,16 +69,8 @@ export function hostsLines(address: string, names: readonly string[]): string[] 
  * or undefined when there is none.
  */
 export function hostsText(forwards: readonly (Pick<Forward, 'names'> & { bindAddress: string })[]): string | undefined {
-  const byAddress = new Map<string, string[]>();
-  const seen = new Set<string>();
-  for (const f of forwards) {
-    const names = byAddress.get(f.bindAddress) ?? [];
-    byAddress.set(f.bindAddress, names);
-    for (const name of f.names) {
-      if (!seen.has(name)) names.push(name);
-      seen.add(name);
-    }
-  }
-  const lines = [...byAddress].flatMap(([address, names]) => hostsLines(address, names));
+  const addresses = [...new Set(forwards.map((f) => f.bindAddress))];
+  const groups = namesByGroup(forwards.map((f) => ({ names: f.names, group: addresses.indexOf(f.bindAddress) })));
+  const lines = groups.flatMap((names, k) => hostsLines(addresses[k] ?? '', names));
   return lines.length > 0 ? lines.join('\n') : undefined;
 }

@@ -1,6 +1,6 @@
 // biome-ignore-all lint/suspicious/noTemplateCurlyInString: these strings are shell code; ${...} is shell parameter expansion.
 import { ANNOTATION } from '../spec/annotations.js';
-import { type ForwardSlot, withSlots } from '../spec/derivations.js';
+import { type ForwardSlot, repeatOnAddress, withSlots } from '../spec/derivations.js';
 import { isDnsName } from '../spec/host-names.js';
 import type { Forward } from '../spec/reverse-request.js';
 import type { ReverseConfig } from '../spec/site-config.js';
@@ -86,8 +86,7 @@ function checkPorts(forwards: readonly SlottedForward[]): void {
       });
     }
   }
-  const onAddress = forwards.map((f) => `${f.group}:${f.listenPort}`);
-  if (new Set(onAddress).size !== onAddress.length) {
+  if (repeatOnAddress(forwards)) {
     throw new SpecError(ANNOTATION.forwards, 'listen ports repeat on one address', {
       accepted: 'distinct listen ports for the forwards to one Service (different Services may share a port)',
     });

@@ -19,7 +19,7 @@ export function fnv1a32(text: string): number {
 
 /**
  * The loopback address the pod's relay tries first for address group GROUP (0: the pod's first
- * address, `BACKHAUL_BIND_ADDRESS`; one group per Service, see `forwardSlots`). Never in 127.0.0.0/24
+ * address, `BACKHAUL_BIND_ADDRESS`; one group per Service, see `withSlots`). Never in 127.0.0.0/24
  * (that is where node services live). Group k > 0 hashes `<uid>/<k>`: "/" is not a UID character, so
  * it cannot be another pod's group 0.
  */
@@ -49,7 +49,7 @@ export function socketPath(dir: string, listenPort: number, nth = 1): string {
   return `${dir}/${socketName(listenPort, nth)}`;
 }
 
-/** What `forwardSlots` needs of a forward. */
+/** What `withSlots` needs of a forward. */
 export interface SlotInput {
   listenPort: number;
   dialHost: string;
@@ -75,16 +75,28 @@ export function withSlots<F extends SlotInput>(forwards: readonly F[]): (F & For
   const groupKeys: string[] = [];
   const seenPorts = new Map<number, number>();
   return forwards.map((f) => {
-    const nameless = f.names.length === 0;
-    let group = nameless && groupKeys.length > 0 ? 0 : groupKeys.indexOf(nameless ? '' : f.dialHost);
-    if (group < 0) group = groupKeys.push(nameless ? '' : f.dialHost) - 1;
+    const key = f.names.length === 0 ? (groupKeys[0] ?? '') : f.dialHost;
+    let group = groupKeys.indexOf(key);
+    if (group < 0) group = groupKeys.push(key) - 1;
     const nth = (seenPorts.get(f.listenPort) ?? 0) + 1;
     seenPorts.set(f.listenPort, nth);
     return { ...f, group, socketName: socketName(f.listenPort, nth) };
   });
 }
 
-/** How many addresses the relay holds for these forwards. */
-export function addressGroupCount(slots: readonly ForwardSlot[]): number {
-  return slots.reduce((n, s) => Math.max(n, s.group + 1), 0);
+/**
+ * The first forward whose listen port repeats on its own address (the same Service, or two IPv4
+ * endpoints), with the index of the forward it repeats; undefined when there is none.
+ */
+export function repeatOnAddress(
+  slotted: readonly (Pick<SlotInput, 'listenPort'> & Pick<ForwardSlot, 'group'>)[],
+): { index: number; previous: number } | undefined {
+  const taken = new Map<string, number>();
+  for (const [index, f] of slotted.entries()) {
+    const key = `${f.group}:${f.listenPort}`;
+    const previous = taken.get(key);
+    if (previous !== undefined) return { index, previous };
+    taken.set(key, index);
+  }
+  return undefined;
 }

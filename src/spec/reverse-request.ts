@@ -1,5 +1,5 @@
 import { ANNOTATION, MAX_FORWARDS, MIN_LISTEN_PORT, REVERSE_ANNOTATIONS } from './annotations.js';
-import { withSlots } from './derivations.js';
+import { repeatOnAddress, withSlots } from './derivations.js';
 import { type EndpointPolicy, NamespaceEndpointPolicy } from './endpoint-policy.js';
 import { isDnsName, isIpv4, serviceAddress } from './host-names.js';
 import type { ReverseConfig, SiteConfig } from './site-config.js';
@@ -94,27 +94,23 @@ function parseForwards(value: string | undefined, ctx: RequestContext): Forward[
   const policy = new NamespaceEndpointPolicy(ctx.endpoints, ctx.podNamespace);
   const forwards = entries.map((entry) => parseForwardEntry(entry, ctx, policy));
   // Each Service has its own address, so a listen port may repeat across Services, not within one.
-  const taken = new Map<string, number>();
-  withSlots(forwards).forEach((forward, i) => {
-    const key = `${forward.group}:${forward.listenPort}`;
-    const previous = taken.get(key);
-    if (previous === undefined) {
-      taken.set(key, i);
-      return;
-    }
+  const slotted = withSlots(forwards);
+  const repeat = repeatOnAddress(slotted);
+  const forward = repeat && slotted[repeat.index];
+  if (repeat && forward) {
     const shared =
       forward.names.length === 0
         ? "IPv4 endpoints are reached at the pod's first address"
         : `both are ${forward.dialHost}`;
     throw new SpecError(
       field,
-      `listen port ${forward.listenPort} is already used by ${quote(entries[previous] ?? '')} on the same address (${shared})`,
+      `listen port ${forward.listenPort} is already used by ${quote(entries[repeat.previous] ?? '')} on the same address (${shared})`,
       {
-        entry: entries[i] ?? '',
+        entry: entries[repeat.index] ?? '',
         accepted: `a distinct listen port, e.g. ${forward.listenPort + 1}:${forward.host}:${forward.port}; two different Services may share a port`,
       },
     );
-  });
+  }
   return forwards;
 }
 

@@ -471,7 +471,8 @@ describe('the Kubernetes API for in-cluster clients (bash)', () => {
     expect(script.stdout).toContain('env kubernetes.default.svc.cluster.local 6443 6443');
     expect(script.stdout).toMatch(
       new RegExp(
-        `^resolved ${address.replaceAll('.', '\\.')}\\s.*\\skubernetes\\.default\\.svc\\.cluster\\.local\\b`,
+        // getent prints the address, then the canonical name and the aliases, in the hosts file's order.
+        `^resolved ${address.replaceAll('.', '\\.')}(\\s+\\S+)*\\s+kubernetes\\.default\\.svc\\.cluster\\.local(\\s|$)`,
         'm',
       ),
     );
