@@ -1,7 +1,9 @@
+import { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { Client, type ConnectConfig } from 'ssh2';
 import { fingerprint, type HostKeyVerdict } from './known-hosts.js';
 import { SessionError } from './session-error.js';
+import { coalesceWrites } from './write-coalescing.js';
 
 export interface SshTarget {
   /** For messages: which hop this is ("login 127.0.0.1:22", "node bhnode1:22"). */
@@ -68,7 +70,10 @@ export function connectSsh(target: SshTarget): Promise<{ client: Client; serverM
       if (at >= 0) serverMessages.push(line.slice(at + 'Debug output from server: '.length).replace(/^"|"$/g, ''));
     },
   };
-  if (target.sock) config.sock = target.sock as unknown as ConnectConfig['sock'];
+  if (target.sock) {
+    coalesceWrites(target.sock);
+    config.sock = target.sock as unknown as ConnectConfig['sock'];
+  }
 
   return new Promise((resolve, reject) => {
     const onError = (err: Error & { level?: string }) => {
@@ -95,8 +100,21 @@ export function connectSsh(target: SshTarget): Promise<{ client: Client; serverM
     // ssh2 leaves Nagle on. Every packet it writes is whole, but a reply written while an earlier
     // segment is unacknowledged would wait for the peer's delayed ACK (about 40 ms a round trip).
     // Applied to the socket ssh2 made (kept until it connects); a stream handed in as `sock` is not TCP.
-    if (!target.sock) client.setNoDelay(true);
+    if (!target.sock) {
+      client.setNoDelay(true);
+      coalesceWrites(tcpSocketOf(client));
+    }
   });
+}
+
+/**
+ * The TCP socket ssh2 made for a connection (set by `connect()`; ssh2 has no public accessor). Checked,
+ * so an ssh2 upgrade that renames it fails here, not silently.
+ */
+export function tcpSocketOf(client: Client): Socket {
+  const sock = (client as unknown as { _sock?: unknown })._sock;
+  if (!(sock instanceof Socket)) throw new Error('ssh2 Client has no TCP socket in _sock (ssh2 changed?)');
+  return sock;
 }
 
 function classifyConnectError(

@@ -13,6 +13,7 @@ import {
   oksAfter,
   prober,
   signalAll,
+  stillStored,
   timeline,
 } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
@@ -293,7 +294,12 @@ describe('a job cancelled (scancel) under its pod', () => {
         (await Promise.all(pods.map((p) => deps.store.load(p.uid)))).every((s) => s === null) ? true : undefined,
       90_000,
     ).catch(async (err: Error) => {
-      throw new Error(`${err.message}\n${await timelines()}\nhost log: ${host.log().slice(-3000)}`);
+      const stuck = await stillStored(
+        deps,
+        pods.map((p) => p.uid),
+        host.log(),
+      );
+      throw new Error(`${err.message}\n${stuck}\n${await timelines()}\nhost log: ${host.log().slice(-3000)}`);
     });
     const all = await timelines();
     expect(all, all).not.toContain('->failed');
