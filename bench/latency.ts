@@ -10,7 +10,8 @@
  *   (c)     backhaul as the fleet runs it: the pod's job starts with the real prelude (socket dir, relay), a
  *           shadow in a tunnel thread opens the node carrier (login jump -> node sshd) and binds the forwards;
  *   (c+r)   (c) behind the prelude's relay;
- *   (c1), (c1+r)  the same with the carrier on the session host's own thread (TunnelThreads 0).
+ *   (c1), (c1+r)  the same with the carrier on the session host's own thread (TunnelThreads 0);
+ *   (cx), (cx+r)  (c) with write coalescing off (BACKHAUL_WRITE_COALESCING=off): what it buys, paired.
  * Measures, interleaved over BENCH_REPEAT rounds so that drifting load hits every path alike:
  *   seq     sequential 64-byte ping-pongs on one connection (µs per round trip, p50/p99);
  *   conc8, conc32  8 / 32 connections, one 64-byte request in flight each (requests/s, p50/p99);
@@ -20,7 +21,7 @@
  * at the end; nothing is left behind, also on SIGINT/SIGTERM.
  *
  * Environment: BENCH_REPEAT (3), BENCH_SEQ_COUNT (5000 round trips), BENCH_CONC_SECONDS (5),
- * BENCH_PG_SECONDS (10), BENCH_REDIS_REQUESTS (100000), BENCH_PATHS (direct,b,br,c,cr,c1,c1r),
+ * BENCH_PG_SECONDS (10), BENCH_REDIS_REQUESTS (100000), BENCH_PATHS (direct,b,br,c,cr,c1,c1r; also cx,cxr),
  * BENCH_TUNNEL_THREADS (for (c); default as "auto"),
  * BENCH_KINDS (seq,conc8,conc32,pgbench,redis), BENCH_JSON (write every sample to this file).
  * Results and their reading: docs/PERFORMANCE.md ("Round trips").
@@ -339,12 +340,21 @@ async function main(): Promise<void> {
     }
   };
   /** A pod as the fleet runs it: its job's prelude starts the relay, a shadow binds the forwards. */
-  const backhaulTunnel = async (key: 'c' | 'c1', threads: number, name: string) => {
-    const host = await startShadowHost(site, threads);
-    const tunnel = await openShadowTunnel(
-      host,
-      services.map((s) => ports[s]),
-    );
+  const backhaulTunnel = async (key: 'c' | 'c1' | 'cx', threads: number, name: string, uncoalesced = false) => {
+    // Read when a connection is made, in this thread and in tunnel threads (which copy the environment
+    // when they start): set for this path's setup only.
+    if (uncoalesced) process.env.BACKHAUL_WRITE_COALESCING = 'off';
+    let host: Awaited<ReturnType<typeof startShadowHost>>;
+    let tunnel: Awaited<ReturnType<typeof openShadowTunnel>>;
+    try {
+      host = await startShadowHost(site, threads);
+      tunnel = await openShadowTunnel(
+        host,
+        services.map((s) => ports[s]),
+      );
+    } finally {
+      if (uncoalesced) delete process.env.BACKHAUL_WRITE_COALESCING;
+    }
     const at = (s: Service) => services.indexOf(s);
     // The benchmark's own process holds the shadow hosts: its CPU is the fleet's for the path measured.
     const ours: CpuGroups = { 'backhaul (ours)': () => [process.pid] };
@@ -363,6 +373,13 @@ async function main(): Promise<void> {
   if (PATHS.has('c') || PATHS.has('cr'))
     await backhaulTunnel('c', TUNNEL_THREADS, `(c) backhaul, tunnel thread (${TUNNEL_THREADS})`);
   if (PATHS.has('c1') || PATHS.has('c1r')) await backhaulTunnel('c1', 0, '(c1) backhaul, one thread');
+  if (PATHS.has('cx') || PATHS.has('cxr'))
+    await backhaulTunnel(
+      'cx',
+      TUNNEL_THREADS,
+      `(cx) backhaul, tunnel thread (${TUNNEL_THREADS}), writes not coalesced`,
+      true,
+    );
   say(`set up in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
 
   const kinds = (['seq', 'conc8', 'conc32', 'pgbench', 'redis'] as const).filter((k) => KINDS.has(k));
@@ -370,7 +387,7 @@ async function main(): Promise<void> {
   for (const kind of kinds) {
     for (const path of paths) {
       // Real clients speak TCP: the unix-socket rows only serve to show what the relay costs.
-      if ((kind === 'pgbench' || kind === 'redis') && ['b', 'c', 'c1'].includes(path.key)) continue;
+      if ((kind === 'pgbench' || kind === 'redis') && ['b', 'c', 'c1', 'cx'].includes(path.key)) continue;
       rows.push({ kind, path, samples: [] });
     }
   }
@@ -503,6 +520,10 @@ function report(rows: Row[]): string {
   ratio('tunnel thread / one thread: (c+r) / (c1+r)', 'seq', 'cr', 'c1r', 'p50', undefined);
   ratio('tunnel thread / one thread: (c+r) / (c1+r)', 'conc32', 'cr', 'c1r', 'rps', undefined);
   ratio('tunnel thread / one thread: (c+r) / (c1+r)', 'pgbench', 'cr', 'c1r', 'rps', undefined);
+  ratio('coalesced / not: (c) / (cx)', 'seq', 'c', 'cx', 'p50', undefined);
+  ratio('coalesced / not: (c+r) / (cx+r)', 'seq', 'cr', 'cxr', 'p50', undefined);
+  for (const kind of ['conc8', 'conc32', 'pgbench', 'redis'] as const)
+    ratio('coalesced / not: (c+r) / (cx+r)', kind, 'cr', 'cxr', 'rps', undefined);
   return out.join('\n');
 }
 

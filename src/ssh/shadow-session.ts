@@ -178,7 +178,8 @@ export class ShadowSession {
     const batchHost = job.batchHost ?? '';
     this.report({ type: 'BATCH_HOST', batchHost, jobId: job.jobId });
 
-    await this.openCarrierWhenReady({ jobId: job.jobId, batchHost });
+    const endedWaiting = await this.openCarrierWhenReady({ jobId: job.jobId, batchHost });
+    if (endedWaiting) return endedWaiting;
     this.report({ type: 'CARRIER_OPEN' });
 
     const carrier = this.carrier;
@@ -285,7 +286,13 @@ export class ShadowSession {
   }
 
   /** The prelude makes the socket dir right after the job starts: give it a moment before giving up. */
-  private async openCarrierWhenReady(job: { jobId: string; batchHost: string }): Promise<void> {
+  /**
+   * Opens the carrier once the job's prelude has made the socket dir. A job that ends meanwhile
+   * (cancelled before its script ran) ends the session as JOB_ENDED when a try fails, not as a failed
+   * launch when the wait runs out or srun refuses the gone job (either would relaunch the pod only to
+   * find the job gone: a retry spent and up to PreludeWait lost).
+   */
+  private async openCarrierWhenReady(job: { jobId: string; batchHost: string }): Promise<ShadowEnd | undefined> {
     const { plan, site } = this.opts;
     const deadline = Date.now() + (this.opts.preludeWaitMs ?? 30_000);
     for (;;) {
@@ -307,12 +314,18 @@ export class ShadowSession {
           await this.prepareSockets(carrier);
           await this.checkpoint();
         }
-        return;
+        return undefined;
       } catch (err) {
         if (this.carrier && !this.abort.signal.aborted) {
           this.carrier.close();
           this.carrier = undefined;
         }
+        if (this.abort.signal.aborted) throw err;
+        // Whatever failed (no socket dir yet, srun refused: "job has expired"), a job that has ended is the
+        // reason, and the session's end.
+        const now = await this.jobNow().catch(() => undefined);
+        if (now && now.jobId === job.jobId && (now.phase === 'ended' || now.phase === 'ending'))
+          return { type: 'JOB_ENDED', state: now.state };
         if (!isSessionError(err, 'job-not-running') || Date.now() >= deadline) throw err;
         await sleep(1_000, undefined, { signal: this.abort.signal }).catch(() => undefined);
       }

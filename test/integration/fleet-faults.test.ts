@@ -288,6 +288,7 @@ describe('a job cancelled (scancel) under its pod', () => {
         deps,
         pods.map((p) => p.uid),
       );
+    const cancelledAt = submittedAt + (pods.at(-1)?.delayMs ?? 0);
     await waitFor(
       'every pod torn down and forgotten',
       async () =>
@@ -298,11 +299,28 @@ describe('a job cancelled (scancel) under its pod', () => {
         deps,
         pods.map((p) => p.uid),
         host.log(),
+        submittedAt,
       );
       throw new Error(`${err.message}\n${stuck}\n${await timelines()}\nhost log: ${host.log().slice(-3000)}`);
     });
+    // The slowest pods (their last transition, ms after their cancel), printed also on success.
+    const settled = await Promise.all(
+      pods.map(async (p) => {
+        const last = (await deps.store.history(p.uid)).at(-1)?.at ?? Date.now();
+        return { uid: p.uid, ms: last - (submittedAt + p.delayMs) };
+      }),
+    );
+    const slowest = settled.sort((a, b) => b.ms - a.ms).slice(0, 3);
+    console.log(
+      `every pod forgotten within ${Date.now() - cancelledAt} ms of the last cancel; slowest (done ms after its cancel):\n${(
+        await Promise.all(slowest.map(async (p) => `${p.ms} ${p.uid}: ${await timeline(deps, p.uid, submittedAt)}`))
+      ).join('\n')}`,
+    );
     const all = await timelines();
     expect(all, all).not.toContain('->failed');
+    // A cancelled job ends its pod as a job end, also while the session waits for the prelude: never
+    // as a failed launch that spends a retry and relaunches only to find the job gone.
+    expect(all, all).not.toContain('SESSION_FAILED');
     for (const p of pods) {
       const line = await timeline(deps, p.uid);
       expect(line, line).toMatch(/(JOB_ENDED|SOCKETS_VANISHED):\w+->tearingDown/);

@@ -91,6 +91,31 @@ describe.each([
     expect((await jobState(jobId)).state).not.toBe('RUNNING');
   }, 120_000);
 
+  it('a job cancelled while the session waits for its prelude ends the session as JOB_ENDED at once, not as a failed launch', async () => {
+    // A job that runs but whose prelude has not (yet) made the socket dir: the session waits for it
+    // (PreludeWait), and the job is cancelled meanwhile, as when a pod is deleted early.
+    const podUid = uid();
+    const plan = planFor(h, podUid, `15009:127.0.0.1:${echo.port}`);
+    const jobId = await sbatch(h.site.user, '#!/bin/sh\nsleep 600\n', { jobName: podUid });
+    const started = startSession(h, plan, { preludeWaitMs: 60_000 });
+    await waitFor(
+      'the session past BATCH_HOST, waiting for the prelude',
+      async () => (started.phases.some((p) => p.type === 'BATCH_HOST') ? true : undefined),
+      30_000,
+    );
+    await new Promise((resolve) => setTimeout(resolve, 1_500));
+    const cancelledAt = Date.now();
+    await scancel(jobId);
+    const end = await started.ended;
+    const after = Date.now() - cancelledAt;
+    expect(end, `ended ${after} ms after the cancel; phases ${JSON.stringify(started.phases)}`).toMatchObject({
+      type: 'JOB_ENDED',
+    });
+    expect(after, JSON.stringify(started.phases)).toBeLessThan(15_000);
+    expect(await exists(plan.socketDir)).toBe(false);
+    await waitFor('no steps', async () => ((await stepsOf(jobId)).length === 0 ? true : undefined), 10_000);
+  }, 120_000);
+
   it('close() twice is harmless and leaves no socket files, no steps and no carrier processes', async () => {
     const podUid = uid();
     const plan = planFor(h, podUid, `15002:127.0.0.1:${echo.port} 15003:127.0.0.1:${echo.port}`);
