@@ -205,7 +205,7 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
     const forwards = `15500:127.0.0.1:${echo.port}`;
     web.plan = planFor(h, web.uid, forwards);
     const path = await podFile(web.name, web.uid, { 'interlink.eu/reverse-forwards': forwards });
-    const child = spawn('node', [BIN, 'submit', path, '--wait', '--timeout', '120', '--config', configPath], {
+    const child = spawn('node', [BIN, 'submit', path, '--wait', '--timeout', '2m', '--config', configPath], {
       env: cliEnv({}),
     });
     let stdout = '';

@@ -133,6 +133,6 @@ describe('read-only commands', () => {
   it('refuses a bad --interval, naming it', async () => {
     const run = await backhaul(['status', '--redis', redis.url, '--watch', '--interval', 'soon']);
     expect(run.code).toBe(2);
-    expect(run.stderr).toContain('--interval: expected a positive number of seconds');
+    expect(run.stderr).toContain('--interval: expected seconds ("90", "0.5") or a duration such as');
   });
 });

@@ -212,7 +212,7 @@ describe('backhaul doctor', () => {
   it('reports an unreachable login port', async () => {
     const port = await freePort();
     const config = await siteConfig(allowing, { Port: port });
-    const { run, by } = await doctorJson(config, ['--timeout', '10']);
+    const { run, by } = await doctorJson(config, ['--timeout', '10s']);
     expect(run.code, said(run)).toBe(1);
     expect(by.get('known_hosts')).toMatchObject({ status: 'FAIL' });
     expect(by.get('known_hosts')?.fix).toContain(`ssh-keyscan -p ${port} 127.0.0.1 >> `);

@@ -2,6 +2,7 @@ import { type Command, InvalidArgumentError } from 'commander';
 import { validateBatchHost } from '../../render/carrier-command.js';
 import { DEFAULT_CHECK_TIMEOUT_MS, runDoctor } from '../../site/doctor/run-doctor.js';
 import { isSpecError } from '../../spec/spec-error.js';
+import { cliDuration } from '../cli-duration.js';
 import { renderDoctorTable } from '../doctor-table.js';
 import { CliError, EXIT } from '../exit-codes.js';
 import { type ConfigOption, configPath, loadSiteConfig } from '../inputs.js';
@@ -13,9 +14,12 @@ interface DoctorFlags extends ConfigOption {
 }
 
 function seconds(value: string): number {
-  const n = Number(value);
-  if (!Number.isFinite(n) || n < 1 || n > 600) throw new InvalidArgumentError('expected a number of seconds, 1-600');
-  return n * 1000;
+  try {
+    return cliDuration(value, DEFAULT_CHECK_TIMEOUT_MS, '--timeout', { minMs: 1_000, maxMs: 600_000 });
+  } catch (err) {
+    if (err instanceof RangeError) throw new InvalidArgumentError(err.message.replace(/^--timeout: /, ''));
+    throw err;
+  }
 }
 
 function nodeName(value: string): string {
@@ -40,7 +44,11 @@ export function registerDoctor(program: Command): void {
     .option('-c, --config <file>', 'site configuration (default: $BACKHAUL_CONFIG)')
     .option('--node <host>', 'the compute node to test (default: the first usable node sinfo lists)', nodeName)
     .option('--json', 'print a JSON array of {check, status, detail, fix}')
-    .option('--timeout <seconds>', `time limit of each check (default ${DEFAULT_CHECK_TIMEOUT_MS / 1000})`, seconds)
+    .option(
+      '--timeout <duration>',
+      `time limit of each check: seconds or 10s, 2m (default ${DEFAULT_CHECK_TIMEOUT_MS / 1000}s)`,
+      seconds,
+    )
     .action(async (flags: DoctorFlags) => {
       const site = await loadSiteConfig(flags);
       const results = await runDoctor(site, configPath(flags), {

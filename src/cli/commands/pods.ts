@@ -5,6 +5,7 @@ import type { FleetDeps } from '../../pods/fleet-deps.js';
 import { loadPodRecord } from '../../pods/pod-reader.js';
 import { sendEvent } from '../../pods/queues.js';
 import { parseReverseRequest, requestContext } from '../../spec/reverse-request.js';
+import { cliDuration } from '../cli-duration.js';
 import { CliError, EXIT } from '../exit-codes.js';
 import { type FleetOption, fleetOptions, resolvePod, withFleet, withPodReader } from '../fleet-connection.js';
 import { fromFile, loadPod } from '../inputs.js';
@@ -31,13 +32,14 @@ function timeoutMs(opts: WaitOption, fallbackS: number): number {
   return seconds(opts.timeout, fallbackS, '--timeout');
 }
 
-/** A positive number of seconds given as FLAG (or the fallback), in ms. */
+/** FLAG's duration (a plain number is seconds) or the fallback, in ms; a usage error names the flag. */
 function seconds(text: string | undefined, fallbackS: number, flag: string): number {
-  const value = text === undefined ? fallbackS : Number(text);
-  if (!Number.isFinite(value) || value <= 0) {
-    throw new CliError(`${flag}: expected a positive number of seconds, got ${JSON.stringify(text)}`, EXIT.usage);
+  try {
+    return cliDuration(text, fallbackS * 1000, flag);
+  } catch (err) {
+    if (err instanceof RangeError) throw new CliError(err.message, EXIT.usage);
+    throw err;
   }
-  return value * 1000;
 }
 
 /**
@@ -77,7 +79,7 @@ export function registerPodCommands(program: Command): void {
       .description('feed a pod to the fleet without a cluster (as the pod watcher would)')
       .argument('<pod.yaml>', 'pod manifest; a UID is made up when it has none')
       .option('--wait', 'follow the pod until its forwards are up (or it fails)')
-      .option('--timeout <seconds>', 'with --wait: give up after this long (default 600)'),
+      .option('--timeout <duration>', 'with --wait: give up after this long: seconds or 30s, 10m, 1h30m (default 10m)'),
   ).action(async (podFile: string, opts: FleetOption & WaitOption) => {
     const pod = await loadPod(podFile);
     await withFleet(opts, async (deps) => {
@@ -110,7 +112,7 @@ export function registerPodCommands(program: Command): void {
       .description('the pod is gone: tear down its tunnel and forget it (as the pod watcher would)')
       .argument('<pod>', 'namespace/name or UID')
       .option('--wait', 'follow the teardown until the pod is forgotten')
-      .option('--timeout <seconds>', 'with --wait: give up after this long (default 120)'),
+      .option('--timeout <duration>', 'with --wait: give up after this long: seconds or 30s, 2m (default 2m)'),
   ).action(async (pod: string, opts: FleetOption & WaitOption) => {
     await withFleet(opts, async (deps) => {
       const { uid } = await podToChange(deps, pod);
@@ -150,7 +152,7 @@ export function registerPodCommands(program: Command): void {
       .argument('[pod]', 'namespace/name or UID')
       .option('--json', 'print JSON')
       .option('-w, --watch', 'look again every --interval until Ctrl-C (to a pipe: only when something changed)')
-      .option('--interval <seconds>', 'with --watch: how often (default 2)'),
+      .option('--interval <duration>', 'with --watch: how often: seconds or 500ms, 5s (default 2s)'),
   ).action(async (pod: string | undefined, opts: FleetOption & JsonOption & WatchFlags) => {
     const intervalMs = seconds(opts.interval, 2, '--interval');
     await withPodReader(opts, async (deps) => {
