@@ -14,6 +14,8 @@ export interface PodStatus {
   host: string | null;
   jobId: string | null;
   batchHost: string | null;
+  /** The addresses the job's relay holds, one per Service group in annotation order; null until known. */
+  relayAddresses: string[] | null;
   lastError: { kind: string; message: string; at: number } | null;
   /** The deadline the current state holds (DEADLINE is sent when it falls due). */
   deadline: { name: string; at: number } | null;
@@ -50,6 +52,7 @@ function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
       host: null,
       jobId: null,
       batchHost: null,
+      relayAddresses: null,
       lastError: null,
       deadline: null,
       snapshotError: record.error.message,
@@ -64,6 +67,7 @@ function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
     host: c.host,
     jobId: c.jobId,
     batchHost: c.batchHost,
+    relayAddresses: c.relayAddresses ?? null,
     lastError: c.lastError,
     deadline: c.deadline ? { name: c.deadline.name, at: c.deadline.at } : null,
     snapshotError: null,

@@ -1,3 +1,4 @@
+import { bindAddress } from '../spec/derivations.js';
 import type { PodDetail } from './pod-status.js';
 
 export function formatAge(ms: number): string {
@@ -30,6 +31,19 @@ function describeEffects(effects: unknown): string {
     .join(', ');
 }
 
+/**
+ * The relay's addresses, and where one is not the derived address of its group (it was taken on the
+ * node when the job started), which: the workload's names still lead to the right one (hosts file).
+ */
+export function formatAddresses(uid: string, addresses: readonly string[] | null): string {
+  if (!addresses || addresses.length === 0) return '-';
+  const moved = addresses.flatMap((a, group) => {
+    const derived = bindAddress(uid, group);
+    return a === derived ? [] : [`${a} in place of ${derived}`];
+  });
+  return `${addresses.join(', ')}${moved.length > 0 ? ` (${moved.join(', ')}: taken on the node when the job started)` : ''}`;
+}
+
 export function formatDetail(p: PodDetail): string {
   const now = Date.now();
   const lines = [
@@ -42,6 +56,7 @@ export function formatDetail(p: PodDetail): string {
     `generation  ${p.generation ?? '-'} (attempts ${p.attempts ?? '-'})`,
     `job         ${p.jobId ? `${p.jobId} on ${p.batchHost ?? '?'}` : '-'}`,
     `host        ${p.host ?? '-'}`,
+    `addresses   ${formatAddresses(p.uid, p.relayAddresses)}`,
     `lease       ${p.lease ? `${p.lease.holder}, generation ${p.lease.generation}, expires in ${formatAge(p.lease.expiresAt - now)}` : '-'}`,
     `deadline    ${p.deadline ? `${p.deadline.name} ${p.deadline.at >= now ? `in ${formatAge(p.deadline.at - now)}` : `due ${formatAge(now - p.deadline.at)} ago`}` : '-'}`,
     `effects     ${p.pendingEffects ? `${describeEffects(p.pendingEffects.effects)}, not run for ${formatAge(now - p.pendingEffects.since)}` : '-'}`,

@@ -173,7 +173,11 @@ export const podMachine = setup({
         case 'BATCH_HOST':
           return { batchHost: event.batchHost, jobId: event.jobId };
         case 'FORWARDS_READY':
-          return { forwardsReadyAt: event.at, attempts: 0 };
+          return {
+            forwardsReadyAt: event.at,
+            attempts: 0,
+            ...(event.addresses ? { relayAddresses: event.addresses } : {}),
+          };
         default:
           return {};
       }

@@ -35,6 +35,9 @@ export const podInputSchema = z
     path: ['backoffMaxMs'],
   }) satisfies z.ZodType<PodInput>;
 
+/** One loopback address per Service group; a pod has at most 64 forwards. */
+const relayAddresses = z.array(z.string().min(1).max(15)).min(1).max(64);
+
 const podError = z.object({ kind: z.string(), message: z.string(), permanent: z.boolean() });
 
 export const podContextSchema = z.object({
@@ -53,6 +56,7 @@ export const podContextSchema = z.object({
   batchHost: z.string().nullable(),
   lastError: z.object({ kind: z.string(), message: z.string(), at: ms }).nullable(),
   forwardsReadyAt: ms.nullable(),
+  relayAddresses: relayAddresses.optional(),
   podDeleted: z.boolean(),
   teardownReason: z.string().nullable(),
 }) satisfies z.ZodType<PodContext>;
@@ -74,7 +78,7 @@ export const podEventSchema = z.discriminatedUnion('type', [
   z.object({ type: z.literal('SHADOW_UP'), ...at, ...report, host: text }),
   z.object({ type: z.literal('BATCH_HOST'), ...at, ...report, batchHost: text, jobId: text }),
   z.object({ type: z.literal('CARRIER_OPEN'), ...at, ...report }),
-  z.object({ type: z.literal('FORWARDS_READY'), ...at, ...report }),
+  z.object({ type: z.literal('FORWARDS_READY'), ...at, ...report, addresses: relayAddresses.optional() }),
   z.object({ type: z.literal('SOCKETS_VANISHED'), ...at, ...report }),
   z.object({ type: z.literal('JOB_ENDED'), ...at, ...report }),
   z.object({ type: z.literal('CARRIER_LOST'), ...at, ...report, reason: z.string() }),

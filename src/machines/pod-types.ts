@@ -94,6 +94,11 @@ export interface PodContext extends PodLimits {
   batchHost: string | null;
   lastError: PodLastError | null;
   forwardsReadyAt: number | null;
+  /**
+   * The addresses the job's relay holds, one per Service group, as last reported (FORWARDS_READY);
+   * absent until then, and in snapshots stored before it was kept.
+   */
+  relayAddresses?: string[];
   podDeleted: boolean;
   /** Why the pod is being torn down (TEARDOWN's reason, 'pod-deleted', 'job-ended', 'sockets-vanished'). */
   teardownReason: string | null;
@@ -160,6 +165,8 @@ export interface CarrierOpenEvent extends Report {
 }
 export interface ForwardsReadyEvent extends Report {
   type: 'FORWARDS_READY';
+  /** The addresses the job's relay holds, one per Service group (absent when the shadow could not read them). */
+  addresses?: string[];
 }
 export interface SocketsVanishedEvent extends Report {
   type: 'SOCKETS_VANISHED';

@@ -81,6 +81,37 @@ export function renderSocketInodes(socketPaths: readonly string[]): string {
   return `${socketPaths.map((p) => `ls -di -- ${shellQuote(p)} 2>/dev/null`).join('\n')}\nexit 0\n`;
 }
 
+/**
+ * Prints the first line of the relay's ready file (`<socket dir>/relay.ready`, written by the prelude's
+ * relay: `ready <address per Service group>`); nothing when it is absent. The prelude makes the socket
+ * dir before it starts the relay, so a node carrier can bind the forwards before the relay has written
+ * the line: it waits for it up to 3 s (the relay writes it once it listens, within milliseconds).
+ */
+export function renderRelayReady(socketDir: string): string {
+  return [
+    `bh_f=${shellQuote(`${socketDir}/relay.ready`)}`,
+    'if sleep 0.01 2>/dev/null; then bh_t=0.1 bh_n=30; else bh_t=1 bh_n=3; fi',
+    `while [ "$bh_n" -gt 0 ] && ! grep -q '^ready ' "$bh_f" 2>/dev/null; do sleep "$bh_t"; bh_n=$((bh_n - 1)); done`,
+    'head -n 1 -- "$bh_f" 2>/dev/null',
+    'exit 0',
+    '',
+  ].join('\n');
+}
+
+/** At most one address per forward, and a pod has at most 64. */
+const MAX_RELAY_ADDRESSES = 64;
+const LOOPBACK_V4 = /^127\.(25[0-5]|2[0-4]\d|1?\d?\d)\.(25[0-5]|2[0-4]\d|1?\d?\d)\.(25[0-5]|2[0-4]\d|1?\d?\d)$/;
+
+/**
+ * The addresses of the relay's ready line, in Service-group order. The job's user writes that file, so
+ * anything but `ready` and 1–64 loopback IPv4 addresses is not believed (undefined).
+ */
+export function parseRelayReady(output: string): string[] | undefined {
+  const [word, ...addresses] = (output.split('\n')[0] ?? '').trim().split(/\s+/);
+  if (word !== 'ready' || addresses.length === 0 || addresses.length > MAX_RELAY_ADDRESSES) return undefined;
+  return addresses.every((a) => LOOPBACK_V4.test(a)) ? addresses : undefined;
+}
+
 /** Parses renderSocketInodes' output into path → inode. */
 export function parseSocketInodes(output: string, socketPaths: readonly string[]): Map<string, string> {
   const found = new Map<string, string>();

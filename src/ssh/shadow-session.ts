@@ -2,8 +2,10 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client, ClientChannel } from 'ssh2';
 import {
   PREPARE_DIR_MISSING,
+  parseRelayReady,
   parseSocketInodes,
   renderPrepareSockets,
+  renderRelayReady,
   renderRemoveOwnSockets,
   renderSocketInodes,
   renderSocketWatch,
@@ -26,7 +28,8 @@ export type ShadowPhase =
   | { type: 'SHADOW_UP' }
   | { type: 'BATCH_HOST'; batchHost: string; jobId: string }
   | { type: 'CARRIER_OPEN' }
-  | { type: 'FORWARDS_READY' }
+  /** addresses: the relay's, one per Service group, as it reported them on the node (absent when unread). */
+  | { type: 'FORWARDS_READY'; addresses?: string[] }
   | { type: 'SOCKETS_VANISHED' }
   | { type: 'JOB_ENDED'; state: string }
   | { type: 'CARRIER_LOST'; reason: string }
@@ -216,7 +219,9 @@ export class ShadowSession {
       await this.socks.establish();
       await this.checkpoint();
     }
-    this.report({ type: 'FORWARDS_READY' });
+    const addresses = await this.relayAddresses(client);
+    await this.checkpoint();
+    this.report({ type: 'FORWARDS_READY', ...(addresses ? { addresses } : {}) });
     return undefined;
   }
 
@@ -349,6 +354,18 @@ export class ShadowSession {
       'bootstrap-failed',
       `the socket dir ${plan.socketDir} is unusable: ${result.stderr.trim() || `exit ${result.code}`}`,
     );
+  }
+
+  /**
+   * The addresses the job's relay holds (its ready file): the derived ones unless one was taken on the
+   * node. For `status`; undefined when unreadable (an older prelude, a slow node), which fails nothing.
+   */
+  private async relayAddresses(client: Client): Promise<string[] | undefined> {
+    const result = await execCapture(client, '/bin/sh -s', {
+      stdin: renderRelayReady(this.opts.plan.socketDir),
+      timeoutMs: 10_000,
+    }).catch(() => undefined);
+    return result?.code === 0 ? parseRelayReady(result.stdout) : undefined;
   }
 
   /** Notes the inode of every socket this session bound, for its teardown to remove exactly those. */

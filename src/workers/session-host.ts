@@ -35,6 +35,14 @@ function eventOf(phase: ShadowPhase, generation: number, lease: number, hostId: 
       return { type: 'SESSION_FAILED', error: phase.error, generation, lease, at };
     case 'JOB_ENDED':
       return { type: 'JOB_ENDED', generation, lease, at };
+    case 'FORWARDS_READY':
+      return {
+        type: 'FORWARDS_READY',
+        ...(phase.addresses ? { addresses: phase.addresses } : {}),
+        generation,
+        lease,
+        at,
+      };
     default:
       return { type: phase.type, generation, lease, at };
   }

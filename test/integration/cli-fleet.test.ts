@@ -9,6 +9,7 @@ import { stringify as toYaml } from 'yaml';
 import type { RunningFleet } from '../../src/fleet/fleet.js';
 import { jobIds } from '../../src/pods/queues.js';
 import type { SessionPlan } from '../../src/render/session-plan.js';
+import { bindAddress } from '../../src/spec/derivations.js';
 import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
 import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
 import { inProcessFleet, privateRedis, waitForPodState } from '../fixtures/fleet-harness.js';
@@ -274,6 +275,8 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
     expect(detail.stdout).toMatch(/state {7}active for \d+[smhd]\n/);
     expect(detail.stdout).toMatch(/generation {2}1 \(attempts 0\)\n/);
     expect(detail.stdout).toMatch(new RegExp(`job {9}${web.jobId} on bhnode1\\n`));
+    // The relay's address as the shadow read it on the node: the derived one (nothing else held it).
+    expect(detail.stdout).toContain(`addresses   ${bindAddress(web.uid, 0)}\n`);
     expect(detail.stdout).toMatch(/lease {7}cli-host, generation 1, expires in \d+s\n/);
     expect(detail.stdout).toContain(`  ${jobIds.session(web.uid, 1)}  active`);
     expect(detail.stdout).toContain(`  ${jobIds.step(web.uid, 'launch', 1)}  completed`);
@@ -306,6 +309,7 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
       lastError: null,
       jobId: web.jobId,
       batchHost: 'bhnode1',
+      relayAddresses: [bindAddress(web.uid, 0)],
       lease: { holder: 'cli-host', generation: 1 },
     });
     expect(pod.history.map((e: { to: string }) => e.to)).toEqual(

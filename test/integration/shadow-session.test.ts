@@ -1,7 +1,9 @@
 import { readFile, rm, stat } from 'node:fs/promises';
-import type { Server } from 'node:net';
+import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { formatAddresses } from '../../src/cli/status-format.js';
+import { bindAddress } from '../../src/spec/derivations.js';
 import {
   echoServer,
   exists,
@@ -60,6 +62,8 @@ describe.each([
       'FORWARDS_READY',
     ]);
     expect(phases[1]).toMatchObject({ type: 'BATCH_HOST', batchHost: 'bhnode1', jobId });
+    // The relay's address, read from its ready file on the node: the derived one (nothing held it).
+    expect(phases[3]).toEqual({ type: 'FORWARDS_READY', addresses: [bindAddress(podUid, 0)] });
     // The job ended: its trap removed the socket dir, and the session noticed.
     const end = await ended;
     expect(end.type).toBe('JOB_ENDED');
@@ -89,6 +93,33 @@ describe.each([
       10_000,
     );
     expect((await jobState(jobId)).state).not.toBe('RUNNING');
+  }, 120_000);
+
+  it("reports the relay's own address when the derived one was taken on the node (status shows which)", async () => {
+    const podUid = uid();
+    const plan = planFor(h, podUid, `15008:127.0.0.1:${echo.port}`);
+    const derived = bindAddress(podUid, 0);
+    // Another process holds the derived address and port before the job starts: the relay moves.
+    const squatter = createServer();
+    await new Promise<void>((resolve, reject) => {
+      squatter.once('error', reject);
+      squatter.listen(15008, derived, resolve);
+    });
+    try {
+      const jobId = await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
+      const started = startSession(h, plan);
+      await waitForForwards(started, jobId);
+      const ready = started.phases.find((p) => p.type === 'FORWARDS_READY');
+      const addresses = ready?.type === 'FORWARDS_READY' ? ready.addresses : undefined;
+      expect(addresses, JSON.stringify(started.phases)).toHaveLength(1);
+      expect(addresses?.[0]).toMatch(/^127\.\d+\.\d+\.\d+$/);
+      expect(addresses?.[0]).not.toBe(derived);
+      expect(formatAddresses(podUid, addresses ?? null)).toContain(`in place of ${derived}`);
+      await started.session.close('test');
+      await scancel(jobId);
+    } finally {
+      squatter.close();
+    }
   }, 120_000);
 
   it('a job cancelled while the session waits for its prelude ends the session as JOB_ENDED at once, not as a failed launch', async () => {

@@ -984,15 +984,47 @@ describe('pod machine: version', () => {
         'nodeWaitTimeoutMs',
         'phaseTimeoutMs',
         'podDeleted',
+        'relayAddresses',
         'retryLimit',
         'teardownReason',
         'uid',
       ],
     });
-    // The context the machine builds is the one the schema checks.
-    expect(Object.keys(startPod(INPUT, T0).snapshot.context).sort()).toEqual(
-      Object.keys(podContextSchema.shape).sort(),
-    );
+    // The context the machine builds is the one the schema checks (optional fields come later).
+    const required = Object.entries(podContextSchema.shape)
+      .filter(([, field]) => !field.isOptional())
+      .map(([key]) => key);
+    expect(Object.keys(startPod(INPUT, T0).snapshot.context).sort()).toEqual(required.sort());
+    // An optional field added keeps the version: a snapshot stored without it restores, and one with it
+    // restores on a build that does not know it (zod drops keys it does not know).
+    expect(required).not.toContain('relayAddresses');
+  });
+
+  it('keeps the relay addresses of FORWARDS_READY, and restores snapshots stored without them', () => {
+    let snapshot = startPod(INPUT, T0).snapshot;
+    const before = persistPod(snapshot);
+    expect(before.context).not.toHaveProperty('relayAddresses');
+    const restored = restorePod(JSON.parse(JSON.stringify(before)));
+    expect(restored.ok).toBe(true);
+    const events: unknown[] = [
+      { type: 'STEP_DONE', step: 'validate', at: T0 + 1, generation: 0 },
+      { type: 'STEP_DONE', step: 'render', at: T0 + 2, generation: 0 },
+      { type: 'SHADOW_UP', host: 'h', at: T0 + 3, generation: 1 },
+      { type: 'BATCH_HOST', batchHost: 'n1', jobId: '7', at: T0 + 4, generation: 1 },
+      { type: 'CARRIER_OPEN', at: T0 + 5, generation: 1 },
+      // As it comes from a queue job: JSON, checked by the event schema.
+      { type: 'FORWARDS_READY', addresses: ['127.9.8.7', '127.200.1.2'], at: T0 + 6, generation: 1 },
+    ];
+    for (const data of events) {
+      const parsed = parsePodEvent(JSON.parse(JSON.stringify(data)));
+      if (!parsed.ok) throw new Error(parsed.message);
+      snapshot = applyEvent(snapshot, parsed.event).snapshot;
+    }
+    expect(stateOf(snapshot)).toBe('active');
+    expect(snapshot.context.relayAddresses).toEqual(['127.9.8.7', '127.200.1.2']);
+    const again = restorePod(JSON.parse(JSON.stringify(persistPod(snapshot))));
+    expect(again.ok && again.snapshot.context.relayAddresses).toEqual(['127.9.8.7', '127.200.1.2']);
+    expect(parsePodEvent({ type: 'FORWARDS_READY', addresses: [], at: T0, generation: 1 }).ok).toBe(false);
   });
 });
 

@@ -7,6 +7,7 @@ import { promisify } from 'node:util';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { carrierCommands } from '../../src/render/carrier-command.js';
+import { renderRelayReady } from '../../src/render/node-scripts.js';
 import { renderPrelude } from '../../src/render/prelude.js';
 import { shellQuote, shellWord } from '../../src/render/shell-quote.js';
 import { renderBootstrap } from '../../src/render/userspace-sshd.js';
@@ -106,6 +107,8 @@ function allScripts(): Script[] {
   // A SOCKS-only request has no forwards: no relay, no wait.
   const socksOnly = requestFor('userspace', '', 11080);
   add('prelude-socks-only', `#!/bin/sh\n${renderPrelude(socksOnly.request, socksOnly.site.Network.SSH.Reverse)}`);
+  // What the session host runs on the node through the carrier.
+  add('relay-ready', `#!/bin/sh\n${renderRelayReady(socketDir('/tmp/backhaul-$USER', UID))}`);
   return [...byContent.values()];
 }
 
