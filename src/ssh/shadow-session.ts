@@ -361,6 +361,8 @@ export class ShadowSession {
    * node. For `status`; undefined when unreadable (an older prelude, a slow node), which fails nothing.
    */
   private async relayAddresses(client: Client): Promise<string[] | undefined> {
+    // A SOCKS-only pod has no relay: nothing to wait for.
+    if (this.opts.plan.forwards.length === 0) return undefined;
     const result = await execCapture(client, '/bin/sh -s', {
       stdin: renderRelayReady(this.opts.plan.socketDir),
       timeoutMs: 10_000,
