@@ -1026,6 +1026,14 @@ describe('pod machine: version', () => {
     expect(again.ok && again.snapshot.context.relayAddresses).toEqual(['127.9.8.7', '127.200.1.2']);
     expect(parsePodEvent({ type: 'FORWARDS_READY', addresses: [], at: T0, generation: 1 }).ok).toBe(false);
   });
+
+  it('restores a snapshot a newer build stored with a context field this build does not know (rolling upgrade)', () => {
+    const stored = JSON.parse(JSON.stringify(persistPod(startPod(INPUT, T0).snapshot)));
+    stored.context.someFieldOfANewerBuild = ['x'];
+    const restored = restorePod(stored);
+    expect(restored.ok, JSON.stringify(restored)).toBe(true);
+    if (restored.ok) expect(restored.snapshot.context).not.toHaveProperty('someFieldOfANewerBuild');
+  });
 });
 
 describe('pod machine: events from queue jobs', () => {
