@@ -15,6 +15,7 @@
  * Measures, interleaved over BENCH_REPEAT rounds so that drifting load hits every path alike:
  *   seq     sequential 64-byte ping-pongs on one connection (µs per round trip, p50/p99);
  *   conc8, conc32  8 / 32 connections, one 64-byte request in flight each (requests/s, p50/p99);
+ *   connect a new connection per 64-byte request, one after another (connections/s, µs each);
  *   pgbench `pgbench -S -c 8 -j 2` against a private PostgreSQL (tps);
  *   redis   `redis-benchmark -c 20 -t ping,set,get` against a private Redis (requests/s, p50).
  * The servers (an echo server, PostgreSQL, Redis) are started here on free loopback ports and stopped
@@ -23,7 +24,7 @@
  * Environment: BENCH_REPEAT (3), BENCH_SEQ_COUNT (5000 round trips), BENCH_CONC_SECONDS (5),
  * BENCH_PG_SECONDS (10), BENCH_REDIS_REQUESTS (100000), BENCH_PATHS (direct,b,br,c,cr,c1,c1r; also cx,cxr),
  * BENCH_TUNNEL_THREADS (for (c); default as "auto"),
- * BENCH_KINDS (seq,conc8,conc32,pgbench,redis), BENCH_JSON (write every sample to this file).
+ * BENCH_KINDS (seq,conc8,conc32,connect,pgbench,redis), BENCH_CONNECT_COUNT (500), BENCH_JSON (write every sample to this file).
  * Results and their reading: docs/PERFORMANCE.md ("Round trips").
  */
 import { chmodSync, chownSync } from 'node:fs';
@@ -63,14 +64,17 @@ const CONC_SECONDS = Math.max(1, Number(process.env.BENCH_CONC_SECONDS ?? 5));
 const PG_SECONDS = Math.max(2, Number(process.env.BENCH_PG_SECONDS ?? 10));
 const REDIS_REQUESTS = Math.max(1000, Number(process.env.BENCH_REDIS_REQUESTS ?? 100_000));
 const PATHS = new Set((process.env.BENCH_PATHS ?? 'direct,b,br,c,cr,c1,c1r').split(',').map((p) => p.trim()));
-const KINDS = new Set((process.env.BENCH_KINDS ?? 'seq,conc8,conc32,pgbench,redis').split(',').map((k) => k.trim()));
+const KINDS = new Set(
+  (process.env.BENCH_KINDS ?? 'seq,conc8,conc32,connect,pgbench,redis').split(',').map((k) => k.trim()),
+);
+const CONNECT_COUNT = Math.max(50, Number(process.env.BENCH_CONNECT_COUNT ?? 500));
 const PG_BIN = '/usr/lib/postgresql/15/bin';
 const TUNNEL_THREADS =
   process.env.BENCH_TUNNEL_THREADS === undefined || process.env.BENCH_TUNNEL_THREADS === 'auto'
     ? autoTunnelThreads()
     : Number(process.env.BENCH_TUNNEL_THREADS);
 
-type Kind = 'seq' | 'conc8' | 'conc32' | 'pgbench' | 'redis';
+type Kind = 'seq' | 'conc8' | 'conc32' | 'connect' | 'pgbench' | 'redis';
 type Service = 'echo' | 'pg' | 'redis';
 const SERVICES: readonly Service[] = ['echo', 'pg', 'redis'];
 
@@ -185,11 +189,13 @@ function where(endpoint: Endpoints[Service]): string[] {
   return 'unix' in endpoint ? ['--unix', endpoint.unix] : ['--tcp', `${endpoint.host}:${endpoint.port}`];
 }
 
-async function pingPong(user: TestUser, path: PathDef, kind: 'seq' | 'conc8' | 'conc32'): Promise<Figures> {
+async function pingPong(user: TestUser, path: PathDef, kind: 'seq' | 'conc8' | 'conc32' | 'connect'): Promise<Figures> {
   const args =
     kind === 'seq'
       ? ['--conns', '1', '--count', String(SEQ_COUNT), '--warmup', '200']
-      : ['--conns', kind === 'conc8' ? '8' : '32', '--seconds', String(CONC_SECONDS), '--warmup', '20'];
+      : kind === 'connect'
+        ? ['--connect', '--count', String(CONNECT_COUNT), '--warmup', '20']
+        : ['--conns', kind === 'conc8' ? '8' : '32', '--seconds', String(CONC_SECONDS), '--warmup', '20'];
   const out = await mustRun(
     'client',
     PYTHON,
@@ -382,7 +388,7 @@ async function main(): Promise<void> {
     );
   say(`set up in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
 
-  const kinds = (['seq', 'conc8', 'conc32', 'pgbench', 'redis'] as const).filter((k) => KINDS.has(k));
+  const kinds = (['seq', 'conc8', 'conc32', 'connect', 'pgbench', 'redis'] as const).filter((k) => KINDS.has(k));
   const rows: Row[] = [];
   for (const kind of kinds) {
     for (const path of paths) {
@@ -508,6 +514,9 @@ function report(rows: Row[]): string {
   ratio('(c+r) / (b+r)', 'seq', 'cr', 'br', 'p50', { op: '<=', value: 1 });
   ratio('(c) / (b)', 'seq', 'c', 'b', 'p50', { op: '<=', value: 1 });
   ratio('(c+r) / (b+r)', 'conc8', 'cr', 'br', 'rps', { op: '>=', value: 1 });
+  ratio('(c+r) / (b+r)', 'connect', 'cr', 'br', 'p50', undefined);
+  ratio('(c) / (b)', 'connect', 'c', 'b', 'p50', undefined);
+  ratio('relay: (c+r) / (c)', 'connect', 'cr', 'c', 'p50', undefined);
   ratio('(c+r) / (b+r)', 'conc32', 'cr', 'br', 'rps', { op: '>=', value: 1 });
   ratio('(c+r) / (b+r)', 'pgbench', 'cr', 'br', 'rps', { op: '>=', value: 1 });
   ratio('(c+r) / direct', 'pgbench', 'cr', 'direct', 'rps', { op: '>=', value: 0.3 });

@@ -13,6 +13,10 @@ Every result is one JSON line on stdout.
       every connection makes K round trips; with --seconds the run lasts S seconds. W round trips
       per connection are made first and not counted. Prints {"rtts", "seconds", "rps", "p50_us",
       "p90_us", "p99_us", "mean_us", "max_us"}; every answer is checked byte for byte.
+  client ... --connect --count K [--warmup W]
+      K times, one after another: open a new connection, send N bytes, wait for them to come back,
+      close. A sample is the whole of it (connect to answer): what a client that connects per request
+      feels (psql from a script, HTTP without keep-alive, a CLI call).
 """
 
 import argparse
@@ -180,8 +184,41 @@ def concurrent(socks, payload, count, seconds):
     return samples
 
 
+def connect_each(args, payload, count):
+    """A new connection per request: connect, one round trip, close."""
+    size = len(payload)
+    buf = bytearray(size)
+    view = memoryview(buf)
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(count):
+        started = clock()
+        sock = connect(args)
+        try:
+            sock.sendall(payload)
+            got = 0
+            while got < size:
+                n = sock.recv_into(view[got:])
+                if not n:
+                    raise SystemExit("the tunnel closed the connection")
+                got += n
+        finally:
+            sock.close()
+        samples.append(clock() - started)
+        if buf != payload:
+            raise SystemExit("an answer differed from the request")
+    return samples
+
+
 def run_client(args):
     payload = os.urandom(args.size)
+    if args.connect:
+        if args.warmup:
+            connect_each(args, payload, args.warmup)
+        started = time.perf_counter_ns()
+        samples = connect_each(args, payload, args.count)
+        report(samples, (time.perf_counter_ns() - started) / 1e9)
+        return
     socks = [connect(args) for _ in range(args.conns)]
     try:
         if args.warmup:
@@ -199,6 +236,10 @@ def run_client(args):
                 sock.close()
             except OSError:
                 pass
+    report(samples, elapsed)
+
+
+def report(samples, elapsed):
     ordered = sorted(samples)
     emit(
         {
@@ -228,12 +269,15 @@ def main(argv=None):
     client.add_argument("--count", type=int, default=0)
     client.add_argument("--seconds", type=float, default=0.0)
     client.add_argument("--warmup", type=int, default=0)
+    client.add_argument("--connect", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "echo":
         serve_echo(args.port)
         return 0
     if not args.count and not args.seconds:
         parser.error("client: give --count or --seconds")
+    if args.connect and not args.count:
+        parser.error("client: --connect takes --count")
     run_client(args)
     return 0
 
