@@ -113,8 +113,8 @@ async function oneTurn(j: Jumped, channels: ClientChannel[]): Promise<{ writes: 
   );
   const counter = countWrites(j.loginSocket);
   for (const [i, channel] of channels.entries()) channel.write(`line ${i}\n`);
-  // The turn's flush runs in its check phase; one more setImmediate is after it.
-  await new Promise((resolve) => setImmediate(resolve));
+  // The turn's flush is the first setImmediate queued (at the first write): this one runs right after
+  // it, in the same check phase, before any later turn could write (a keepalive, say).
   await new Promise((resolve) => setImmediate(resolve));
   const writes = counter.count();
   return { writes, echoed: await Promise.all(answers) };
