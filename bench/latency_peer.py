@@ -98,26 +98,36 @@ def percentile(sorted_values, fraction):
     return sorted_values[index]
 
 
-def sequential(sock, payload, count):
-    """One connection, one request at a time: the purest round-trip figure."""
+def round_trip(sock, payload, view):
+    """Sends payload and reads as many bytes back into view (a buffer of its size)."""
+    sock.sendall(payload)
+    got = 0
     size = len(payload)
-    buf = bytearray(size)
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise SystemExit("the tunnel closed the connection")
+        got += n
+
+
+def timed(payload, count, exchange):
+    """count exchanges, one after another, each timed; exchange(view) fills view with the answer."""
+    buf = bytearray(len(payload))
     view = memoryview(buf)
     samples = []
     clock = time.perf_counter_ns
     for _ in range(count):
         started = clock()
-        sock.sendall(payload)
-        got = 0
-        while got < size:
-            n = sock.recv_into(view[got:])
-            if not n:
-                raise SystemExit("the tunnel closed the connection")
-            got += n
+        exchange(view)
         samples.append(clock() - started)
         if buf != payload:
             raise SystemExit("an answer differed from the request")
     return samples
+
+
+def sequential(sock, payload, count):
+    """One connection, one request at a time: the purest round-trip figure."""
+    return timed(payload, count, lambda view: round_trip(sock, payload, view))
 
 
 class Conn:
@@ -186,28 +196,15 @@ def concurrent(socks, payload, count, seconds):
 
 def connect_each(args, payload, count):
     """A new connection per request: connect, one round trip, close."""
-    size = len(payload)
-    buf = bytearray(size)
-    view = memoryview(buf)
-    samples = []
-    clock = time.perf_counter_ns
-    for _ in range(count):
-        started = clock()
+
+    def exchange(view):
         sock = connect(args)
         try:
-            sock.sendall(payload)
-            got = 0
-            while got < size:
-                n = sock.recv_into(view[got:])
-                if not n:
-                    raise SystemExit("the tunnel closed the connection")
-                got += n
+            round_trip(sock, payload, view)
         finally:
             sock.close()
-        samples.append(clock() - started)
-        if buf != payload:
-            raise SystemExit("an answer differed from the request")
-    return samples
+
+    return timed(payload, count, exchange)
 
 
 def run_client(args):

@@ -236,8 +236,8 @@ export class ShadowSession {
     const lost = carrier.lost.then((reason) => ({ lost: reason }));
     const outcome = await Promise.race([vanished.then((watched) => ({ lost: undefined, watched })), lost]);
     this.abortIfClosing();
-    const now = await this.jobNow().catch(() => undefined);
-    if (now && (now.phase === 'ended' || now.phase === 'ending')) return { type: 'JOB_ENDED', state: now.state };
+    const ended = await this.jobEnded();
+    if (ended) return ended;
     if (outcome.lost !== undefined) return { type: 'CARRIER_LOST', reason: outcome.lost };
     if ('watched' in outcome && outcome.watched === 'relay-dead') {
       const where = this.job ? ` in job ${this.job.jobId} on ${this.job.batchHost ?? '?'}` : '';
@@ -254,12 +254,19 @@ export class ShadowSession {
    * (scancel): its trap removed the socket dir, so the bind had nowhere to go. That is the job's end.
    */
   private async endedMeanwhile(carrier: Carrier): Promise<ShadowEnd | undefined> {
-    const job = await this.jobNow().catch(() => undefined);
-    if (job && (job.phase === 'ended' || job.phase === 'ending')) return { type: 'JOB_ENDED', state: job.state };
+    const ended = await this.jobEnded();
+    if (ended) return ended;
     const dir = await execCapture(carrier.client, `test -d ${shellQuote(this.opts.plan.socketDir)}`, {
       timeoutMs: 10_000,
     }).catch(() => undefined);
     return dir && dir.code !== 0 ? { type: 'SOCKETS_VANISHED' } : undefined;
+  }
+
+  /** JOB_ENDED when squeue says the pod's job (this one, when given) has ended or is ending; else undefined, also when squeue fails. */
+  private async jobEnded(jobId?: string): Promise<ShadowEnd | undefined> {
+    const job = await this.jobNow().catch(() => undefined);
+    if (!job || (jobId !== undefined && job.jobId !== jobId)) return undefined;
+    return job.phase === 'ended' || job.phase === 'ending' ? { type: 'JOB_ENDED', state: job.state } : undefined;
   }
 
   private async jobNow(): Promise<SlurmJob | undefined> {
@@ -290,9 +297,9 @@ export class ShadowSession {
     }
   }
 
-  /** The prelude makes the socket dir right after the job starts: give it a moment before giving up. */
   /**
-   * Opens the carrier once the job's prelude has made the socket dir. A job that ends meanwhile
+   * Opens the carrier once the job's prelude has made the socket dir, which it does right after the job
+   * starts: tries every second for up to PreludeWait. A job that ends meanwhile
    * (cancelled before its script ran) ends the session as JOB_ENDED when a try fails, not as a failed
    * launch when the wait runs out or srun refuses the gone job (either would relaunch the pod only to
    * find the job gone: a retry spent and up to PreludeWait lost).
@@ -328,9 +335,8 @@ export class ShadowSession {
         if (this.abort.signal.aborted) throw err;
         // Whatever failed (no socket dir yet, srun refused: "job has expired"), a job that has ended is the
         // reason, and the session's end.
-        const now = await this.jobNow().catch(() => undefined);
-        if (now && now.jobId === job.jobId && (now.phase === 'ended' || now.phase === 'ending'))
-          return { type: 'JOB_ENDED', state: now.state };
+        const ended = await this.jobEnded(job.jobId);
+        if (ended) return ended;
         if (!isSessionError(err, 'job-not-running') || Date.now() >= deadline) throw err;
         await sleep(1_000, undefined, { signal: this.abort.signal }).catch(() => undefined);
       }
