@@ -53,6 +53,8 @@ export interface ShadowSessionOptions {
   socketCheckMs?: number;
   /** How long a just-started job gets to run its prelude (make the socket dir). */
   preludeWaitMs?: number;
+  /** How often squeue is asked, while the forwards are held, whether the job still runs. */
+  jobCheckMs?: number;
   /** How endpoints are dialled: host aliases and the endpoint policy, checked on every connection. */
   dialRules: DialRules;
   /**
@@ -234,8 +236,10 @@ export class ShadowSession {
     const socketPaths = plan.forwards.map((f) => f.socketPath);
     const vanished = this.watchSockets(carrier.client, plan.socketDir, socketPaths, intervalS);
     const lost = carrier.lost.then((reason) => ({ lost: reason }));
-    const outcome = await Promise.race([vanished.then((watched) => ({ lost: undefined, watched })), lost]);
+    const jobGone = this.untilJobEnds().then((end) => ({ lost: undefined, end }));
+    const outcome = await Promise.race([vanished.then((watched) => ({ lost: undefined, watched })), lost, jobGone]);
     this.abortIfClosing();
+    if ('end' in outcome) return outcome.end;
     const ended = await this.jobEnded();
     if (ended) return ended;
     if (outcome.lost !== undefined) return { type: 'CARRIER_LOST', reason: outcome.lost };
@@ -260,6 +264,31 @@ export class ShadowSession {
       timeoutMs: 10_000,
     }).catch(() => undefined);
     return dir && dir.code !== 0 ? { type: 'SOCKETS_VANISHED' } : undefined;
+  }
+
+  /**
+   * Resolves when squeue says the held job has ended, is ending or is no longer listed (purged after
+   * MinJobAge); rejects when the session closes. The node's watch sees the job's trap remove the socket
+   * dir, but a job killed before its trap could run (SIGKILL, the OOM killer, a TERM before the trap was
+   * set) leaves the dir and the sockets, which the node's sshd keeps listening on: without this the
+   * forwards would be held for a job that is gone. squeue failing is not an answer: asked again.
+   */
+  private async untilJobEnds(): Promise<ShadowEnd> {
+    const everyMs = this.opts.jobCheckMs ?? 15_000;
+    const jobId = this.job?.jobId;
+    for (;;) {
+      await sleep(everyMs, undefined, { signal: this.abort.signal });
+      let job: SlurmJob | undefined;
+      try {
+        job = await this.jobNow();
+      } catch {
+        continue;
+      }
+      this.abortIfClosing();
+      if (!job) return { type: 'JOB_ENDED', state: 'GONE' };
+      if (jobId !== undefined && job.jobId !== jobId) return { type: 'JOB_ENDED', state: `REPLACED_BY_${job.jobId}` };
+      if (job.phase === 'ended' || job.phase === 'ending') return { type: 'JOB_ENDED', state: job.state };
+    }
   }
 
   /** JOB_ENDED when squeue says the pod's job (this one, when given) has ended or is ending; else undefined, also when squeue fails. */

@@ -301,7 +301,19 @@ describe('a job cancelled (scancel) under its pod', () => {
         host.log(),
         submittedAt,
       );
-      throw new Error(`${err.message}\n${stuck}\n${await timelines()}\nhost log: ${host.log().slice(-3000)}`);
+      // For each pod still stored: what Slurm says of its job and what its socket dir still holds.
+      const left = await Promise.all(
+        pods.map(async (p, i) => {
+          if ((await deps.store.load(p.uid)) === null) return '';
+          const job = await jobState(jobIds[i] ?? '').catch((e: Error) => ({ state: e.message }));
+          const dir = planFor(h, p.uid, `${p.port}:127.0.0.1:${echo.port}`).socketDir;
+          const names = await readdir(dir).catch((e: Error) => [e.message]);
+          return `${p.uid}: job ${jobIds[i]} ${JSON.stringify(job)}; ${dir}: ${names.join(' ')}\n`;
+        }),
+      );
+      throw new Error(
+        `${err.message}\n${stuck}\n${left.join('')}${await timelines()}\nhost log: ${host.log().slice(-3000)}`,
+      );
     });
     // The slowest pods (their last transition, ms after their cancel), printed also on success.
     const settled = await Promise.all(

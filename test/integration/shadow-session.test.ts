@@ -1,8 +1,10 @@
 import { readFile, rm, stat } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatAddresses } from '../../src/cli/status-format.js';
+import { shellQuote } from '../../src/render/shell-quote.js';
 import { bindAddress } from '../../src/spec/derivations.js';
 import {
   echoServer,
@@ -146,6 +148,34 @@ describe.each([
     expect(await exists(plan.socketDir)).toBe(false);
     await waitFor('no steps', async () => ((await stepsOf(jobId)).length === 0 ? true : undefined), 10_000);
   }, 120_000);
+
+  // Only a node carrier outlives its job (the node's sshd is the site's); in the other modes the carrier
+  // is a process of the job and ends with it.
+  if (mode === 'node') {
+    it("a job killed before its trap could run (socket dir and sockets left) ends the session as JOB_ENDED on squeue's word", async () => {
+      // What a prelude killed (SIGKILL, the OOM killer, a TERM before its trap was set) right after
+      // making its socket dir leaves: the dir, no trap to remove it, no relay.
+      const podUid = uid();
+      const plan = planFor(h, podUid, `15010:127.0.0.1:${echo.port}`);
+      const dir = shellQuote(plan.socketDir);
+      const script = `#!/bin/sh\nmkdir -p "$(dirname ${dir})"\nmkdir -m 700 ${dir}\nexec sleep 600\n`;
+      const jobId = await sbatch(h.site.user, script, { jobName: podUid });
+      const started = startSession(h, plan, { jobCheckMs: 1_000 });
+      await waitForForwards(started, jobId);
+      await scancel(jobId);
+      await waitForState(jobId, ['CANCELLED'], 30_000);
+      const cancelledAt = Date.now();
+      // The job is gone, its socket dir and the bound sockets are not: the node's watch cannot tell.
+      for (const f of plan.forwards) expect((await stat(f.socketPath)).isSocket()).toBe(true);
+      const end = await Promise.race([started.ended, sleep(20_000).then(() => undefined)]);
+      const seen = `${Date.now() - cancelledAt} ms after the job ended; phases ${JSON.stringify(started.phases)}`;
+      expect(end, seen).toMatchObject({ type: 'JOB_ENDED', state: 'CA' });
+      expect(Date.now() - cancelledAt, seen).toBeLessThan(10_000);
+      await started.session.close('test');
+      for (const f of plan.forwards) expect(await exists(f.socketPath), seen).toBe(false);
+      await rm(plan.socketDir, { recursive: true, force: true });
+    }, 120_000);
+  }
 
   it('close() twice is harmless and leaves no socket files, no steps and no carrier processes', async () => {
     const podUid = uid();
