@@ -3,14 +3,19 @@
 `relay.py serve` to a unix socket echo, against the same echo dialled directly. Python 3 standard
 library only; run as any user (the relay serves its own user).
 
-  relay_rtt.py RELAY_PY [--count N] [--rounds R]
+  relay_rtt.py RELAY_PY [--count N] [--rounds R] [--clients C]
 
 Prints one JSON line: p50 and p99 in microseconds for the direct unix socket and through the relay,
 and the relay's added p50, per round (rounds alternate, so drifting load hits both alike).
+With --clients C (C > 1), C connections each keep one 64-byte request in flight, driven by one
+event loop in a process of their own, against an echo server in another: requests/s direct and
+through the relay, and the relay's CPU (its relaying process, from /proc) per request: what its
+per-message cost is under concurrency, where a round trip's wake-ups overlap.
 """
 
 import argparse
 import json
+import selectors
 import os
 import shutil
 import socket
@@ -51,6 +56,108 @@ def echo_server(path):
     return server
 
 
+def echo_loop(path):
+    """An echo server on one event loop (for --clients: threads would share the client's GIL)."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    os.chmod(path, 0o600)
+    server.listen(256)
+    sel = selectors.DefaultSelector()
+    sel.register(server, selectors.EVENT_READ, None)
+    while True:
+        for key, _ in sel.select():
+            if key.data is None:
+                conn, _ = server.accept()
+                conn.setblocking(False)
+                sel.register(conn, selectors.EVENT_READ, conn)
+                continue
+            conn = key.data
+            try:
+                data = conn.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                continue
+            if not data:
+                sel.unregister(conn)
+                conn.close()
+                continue
+            conn.setblocking(True)
+            conn.sendall(data)
+            conn.setblocking(False)
+
+
+def fork_echo(path):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            echo_loop(path)
+        finally:
+            os._exit(0)
+    deadline = time.time() + 5
+    while not os.path.exists(path):
+        if time.time() > deadline:
+            raise RuntimeError("echo server did not start")
+        time.sleep(0.01)
+    return pid
+
+
+def concurrent(connect, clients, requests):
+    """requests 64-byte round trips over `clients` connections, one in flight on each: requests/s."""
+    socks = [connect() for _ in range(clients)]
+    sel = selectors.DefaultSelector()
+    payload = b"x" * SIZE
+    left = {}
+    for s in socks:
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+        left[s] = SIZE
+    sent = 0
+    done = 0
+    start = time.perf_counter()
+    for s in socks:
+        s.send(payload)
+        sent += 1
+    while done < requests:
+        for key, _ in sel.select():
+            s = key.fileobj
+            data = s.recv(SIZE)
+            if not data:
+                raise RuntimeError("connection closed")
+            left[s] -= len(data)
+            if left[s] == 0:
+                done += 1
+                left[s] = SIZE
+                if sent < requests:
+                    s.send(payload)
+                    sent += 1
+    elapsed = time.perf_counter() - start
+    for s in socks:
+        s.close()
+    return requests / elapsed
+
+
+def cpu_seconds(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def relay_pids(work):
+    """The holder and the relaying process (written just after `ready`)."""
+    path = os.path.join(work, "relay.pids")
+    deadline = time.time() + 5
+    while True:
+        try:
+            with open(path) as f:
+                pids = [int(p) for p in f.read().split()]
+            if len(pids) >= 2:
+                return pids
+        except FileNotFoundError:
+            pass
+        if time.time() > deadline:
+            raise RuntimeError("the relay wrote no %s" % path)
+        time.sleep(0.01)
+
+
 def ping_pong(sock, count):
     payload = b"x" * SIZE
     times = []
@@ -74,12 +181,18 @@ def main():
     parser.add_argument("relay")
     parser.add_argument("--count", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=1)
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="bh-relay-rtt-")
     os.chmod(work, 0o700)
     sock_path = os.path.join(work, "%d.sock" % PORT)
-    server = echo_server(sock_path)
+    echo_pid = None
+    if args.clients > 1:
+        echo_pid = fork_echo(sock_path)
+        server = None
+    else:
+        server = echo_server(sock_path)
     relay = subprocess.Popen(
         [sys.executable, args.relay, "serve", "--uid", str(uuid.uuid4()), "--socket-dir", work,
          "--forward", str(PORT)],
@@ -90,6 +203,20 @@ def main():
             raise RuntimeError("relay did not start: %r %s" % (line, relay.stderr.read()))
         address = line.split()[1]
         rounds = []
+        if args.clients > 1:
+            pids = relay_pids(work)
+            for _ in range(args.rounds):
+                direct = concurrent(lambda: _unix(sock_path), args.clients, args.count)
+                before = sum(cpu_seconds(p) for p in pids)
+                through = concurrent(lambda: _tcp(address), args.clients, args.count)
+                used = sum(cpu_seconds(p) for p in pids) - before
+                rounds.append({"direct_rps": round(direct), "relay_rps": round(through),
+                               "relay_share": round(through / direct, 3),
+                               "relay_cpu_us_per_request": round(used * 1e6 / args.count, 1)})
+            cpu = sorted(r["relay_cpu_us_per_request"] for r in rounds)[len(rounds) // 2]
+            print(json.dumps({"clients": args.clients, "count": args.count, "rounds": rounds,
+                              "relay_cpu_us_per_request_median": cpu}))
+            return
         for _ in range(args.rounds):
             direct = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             direct.connect(sock_path)
@@ -107,8 +234,24 @@ def main():
     finally:
         relay.terminate()
         relay.wait(5)
-        server.close()
+        if server is not None:
+            server.close()
+        if echo_pid is not None:
+            os.kill(echo_pid, 15)
+            os.waitpid(echo_pid, 0)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _unix(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    return s
+
+
+def _tcp(address):
+    s = socket.create_connection((address, PORT))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
 
 
 if __name__ == "__main__":

@@ -576,6 +576,42 @@ describe('relay.py serve', () => {
     expect(relay.stderr()).toBe('');
   }, 180_000);
 
+  it('holds what a stalled reader cannot take yet and passes it on whole once it reads again', async () => {
+    // The unix side reads nothing for a second: the relay's sends fill its buffer and come back
+    // short, the rest waits (registered for writing), and the client's side is no longer read.
+    const address = randomLoopback();
+    const dir = await makeSocketDir();
+    const [port] = (await freePorts(address, 1)) as [number];
+    const total = 16 * 1024 * 1024;
+    let received: Promise<{ sha256: string; bytes: number }> | undefined;
+    await unixServer(path.join(dir, `${port}.sock`), (socket) => {
+      socket.pause();
+      received = new Promise((resolve, reject) => {
+        setTimeout(() => {
+          receiveAll(socket).then(resolve, reject);
+          socket.resume();
+        }, 1_000);
+      });
+    });
+    const relay = startRelay(['--uid', 'stalled', '--bind', address, '--socket-dir', dir, '--forward', String(port)]);
+    await relay.ready;
+    const client = net.connect({ host: address, port, allowHalfOpen: true });
+    sockets.add(client);
+    client.on('error', () => {});
+    await once(client, 'connect');
+    const startedAt = Date.now();
+    const sent = await sendRandom(client, total);
+    client.end();
+    await waitFor(() => received !== undefined, 5_000, 'the unix side connected');
+    const got = await (received as NonNullable<typeof received>);
+    const seen = `${got.bytes} bytes in ${Date.now() - startedAt} ms; relay stderr: ${relay.stderr()}`;
+    expect(got.bytes, seen).toBe(total);
+    expect(got.sha256, seen).toBe(sent);
+    // The reader did stall the sender: 16 MiB did not fit into the buffers on the way.
+    expect(Date.now() - startedAt, seen).toBeGreaterThanOrEqual(1_000);
+    expect(relay.stderr()).toBe('');
+  });
+
   it('delivers the whole answer after the client half-closes', async () => {
     const address = randomLoopback();
     const dir = await makeSocketDir();
