@@ -123,6 +123,30 @@ export function parseSocketInodes(output: string, socketPaths: readonly string[]
 }
 
 /**
+ * Removes the socket dir of a job that ended without running its trap (SIGKILL, the OOM killer): the
+ * hosts file, the relay's copy and files, what sshd bound. Only a real directory of this user, and
+ * only while no relay process of its pids file is alive and no socket is left in it (the session's
+ * own are removed first: one left is another session's, of a newer job of the pod).
+ */
+export function renderRemoveDeadJobDir(socketDir: string): string {
+  const dir = shellQuote(socketDir);
+  const pids = shellQuote(`${socketDir}/${RELAY_PIDS_FILE}`);
+  return [
+    `[ -d ${dir} ] && [ ! -L ${dir} ] && [ -O ${dir} ] || exit 0`,
+    `for p in $(cat ${pids} 2>/dev/null); do`,
+    '  case $p in *[!0-9]*) continue ;; esac',
+    '  if kill -0 "$p" 2>/dev/null; then exit 0; fi',
+    'done',
+    `for s in ${dir}/*.sock; do`,
+    '  if [ -S "$s" ]; then exit 0; fi',
+    'done',
+    `rm -rf -- ${dir}`,
+    'exit 0',
+    '',
+  ].join('\n');
+}
+
+/**
  * Removes only the sockets a session bound itself: each path whose inode is still the one recorded
  * (sshd never unlinks them). A socket bound at the same path by a later session of the pod (after a
  * takeover) has another inode and stays: a stale session host that wakes up never removes its

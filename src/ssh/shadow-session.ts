@@ -6,6 +6,7 @@ import {
   parseSocketInodes,
   renderPrepareSockets,
   renderRelayReady,
+  renderRemoveDeadJobDir,
   renderRemoveOwnSockets,
   renderSocketInodes,
   renderSocketWatch,
@@ -114,6 +115,8 @@ export class ShadowSession {
   private tornDown = false;
   /** The forwards' counters, kept after they are cancelled. */
   private forwardStats: ForwardStats | undefined;
+  /** The job ended without its trap (the socket dir stayed): the teardown removes the dir. */
+  private deadJobDir = false;
 
   constructor(private readonly opts: ShadowSessionOptions) {}
 
@@ -236,12 +239,21 @@ export class ShadowSession {
     const socketPaths = plan.forwards.map((f) => f.socketPath);
     const vanished = this.watchSockets(carrier.client, plan.socketDir, socketPaths, intervalS);
     const lost = carrier.lost.then((reason) => ({ lost: reason }));
-    const jobGone = this.untilJobEnds().then((end) => ({ lost: undefined, end }));
+    const jobGone = this.untilJobEnds().then((gone) => ({ lost: undefined, gone }));
     const outcome = await Promise.race([vanished.then((watched) => ({ lost: undefined, watched })), lost, jobGone]);
     this.abortIfClosing();
-    if ('end' in outcome) return outcome.end;
+    if ('gone' in outcome) {
+      // The watch still sees the dir: the job's trap did not run. Unless a newer job of the pod runs, the
+      // dir is the dead job's leftover, removed with the sockets.
+      this.deadJobDir = !outcome.gone.successor;
+      return outcome.gone.end;
+    }
     const ended = await this.jobEnded();
-    if (ended) return ended;
+    if (ended) {
+      // The relay died and the dir stayed (checked again 2 s later): the whole job was killed (SIGKILL).
+      if ('watched' in outcome && outcome.watched === 'relay-dead') this.deadJobDir = true;
+      return ended;
+    }
     if (outcome.lost !== undefined) return { type: 'CARRIER_LOST', reason: outcome.lost };
     if ('watched' in outcome && outcome.watched === 'relay-dead') {
       const where = this.job ? ` in job ${this.job.jobId} on ${this.job.batchHost ?? '?'}` : '';
@@ -273,7 +285,7 @@ export class ShadowSession {
    * set) leaves the dir and the sockets, which the node's sshd keeps listening on: without this the
    * forwards would be held for a job that is gone. squeue failing is not an answer: asked again.
    */
-  private async untilJobEnds(): Promise<ShadowEnd> {
+  private async untilJobEnds(): Promise<{ end: ShadowEnd; successor: boolean }> {
     const everyMs = this.opts.jobCheckMs ?? 15_000;
     const jobId = this.job?.jobId;
     for (;;) {
@@ -285,9 +297,13 @@ export class ShadowSession {
         continue;
       }
       this.abortIfClosing();
-      if (!job) return { type: 'JOB_ENDED', state: 'GONE' };
-      if (jobId !== undefined && job.jobId !== jobId) return { type: 'JOB_ENDED', state: `REPLACED_BY_${job.jobId}` };
-      if (job.phase === 'ended' || job.phase === 'ending') return { type: 'JOB_ENDED', state: job.state };
+      if (!job) return { end: { type: 'JOB_ENDED', state: 'GONE' }, successor: false };
+      if (jobId !== undefined && job.jobId !== jobId) {
+        return { end: { type: 'JOB_ENDED', state: `REPLACED_BY_${job.jobId}` }, successor: true };
+      }
+      if (job.phase === 'ended' || job.phase === 'ending') {
+        return { end: { type: 'JOB_ENDED', state: job.state }, successor: false };
+      }
     }
   }
 
@@ -491,6 +507,16 @@ export class ShadowSession {
         await within(
           execCapture(carrier.client, '/bin/sh -s', {
             stdin: renderRemoveOwnSockets(owned),
+            timeoutMs: RELEASE_STEP_MS,
+          }),
+          RELEASE_STEP_MS,
+        );
+      }
+      if (this.deadJobDir) {
+        this.deadJobDir = false;
+        await within(
+          execCapture(carrier.client, '/bin/sh -s', {
+            stdin: renderRemoveDeadJobDir(this.opts.plan.socketDir),
             timeoutMs: RELEASE_STEP_MS,
           }),
           RELEASE_STEP_MS,

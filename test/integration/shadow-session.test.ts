@@ -21,7 +21,15 @@ import {
   waitForForwards,
   workload,
 } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, jobState, sbatch, scancel, stepsOf, waitForState } from '../fixtures/slurm.js';
+import {
+  cancelSubmittedJobs,
+  jobState,
+  killJobProcesses,
+  sbatch,
+  scancel,
+  stepsOf,
+  waitForState,
+} from '../fixtures/slurm.js';
 
 describe.each([
   ['node', {}],
@@ -173,7 +181,33 @@ describe.each([
       expect(Date.now() - cancelledAt, seen).toBeLessThan(10_000);
       await started.session.close('test');
       for (const f of plan.forwards) expect(await exists(f.socketPath), seen).toBe(false);
-      await rm(plan.socketDir, { recursive: true, force: true });
+      // The dead job's dir went with the sockets.
+      expect(await exists(plan.socketDir), seen).toBe(false);
+    }, 120_000);
+
+    it('a job killed whole (SIGKILL to every process: no trap) ends as JOB_ENDED, and its socket dir goes with the sockets', async () => {
+      // What the OOM killer or KillWait's SIGKILL leaves: the prelude's dir with the hosts file, the
+      // relay's files and the bound sockets, and no process of the job.
+      const podUid = uid();
+      const plan = planFor(h, podUid, `15011:127.0.0.1:${echo.port}`);
+      const jobId = await sbatch(h.site.user, jobScript(h, plan, 'sleep 600\n'), { jobName: podUid });
+      const started = startSession(h, plan, { jobCheckMs: 60_000 });
+      await waitForForwards(started, jobId);
+      const killedAt = Date.now();
+      const killed = await killJobProcesses(jobId);
+      const end = await Promise.race([started.ended, sleep(30_000).then(() => undefined)]);
+      const seen = `${Date.now() - killedAt} ms after the kill of ${killed.length} processes; phases ${JSON.stringify(started.phases)}`;
+      // The relay's holder, its relaying process, the batch shell and the workload at least.
+      expect(killed.length, seen).toBeGreaterThanOrEqual(4);
+      expect(end, seen).toMatchObject({ type: 'JOB_ENDED' });
+      await started.session.close('test');
+      for (const f of plan.forwards) expect(await exists(f.socketPath), seen).toBe(false);
+      expect(await exists(plan.socketDir), seen).toBe(false);
+      await waitFor(
+        'no job processes',
+        async () => ((await userProcesses(h.site.user.name, plan.socketDir)).length === 0 ? true : undefined),
+        10_000,
+      );
     }, 120_000);
   }
 

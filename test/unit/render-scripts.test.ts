@@ -7,7 +7,14 @@ import { promisify } from 'node:util';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { carrierCommands } from '../../src/render/carrier-command.js';
-import { renderRelayReady } from '../../src/render/node-scripts.js';
+import {
+  renderPrepareSockets,
+  renderRelayReady,
+  renderRemoveDeadJobDir,
+  renderRemoveOwnSockets,
+  renderSocketInodes,
+  renderSocketWatch,
+} from '../../src/render/node-scripts.js';
 import { renderPrelude } from '../../src/render/prelude.js';
 import { shellQuote, shellWord } from '../../src/render/shell-quote.js';
 import { renderBootstrap } from '../../src/render/userspace-sshd.js';
@@ -108,7 +115,17 @@ function allScripts(): Script[] {
   const socksOnly = requestFor('userspace', '', 11080);
   add('prelude-socks-only', `#!/bin/sh\n${renderPrelude(socksOnly.request, socksOnly.site.Network.SSH.Reverse)}`);
   // What the session host runs on the node through the carrier.
-  add('relay-ready', `#!/bin/sh\n${renderRelayReady(socketDir('/tmp/backhaul-$USER', UID))}`);
+  const dir = socketDir('/tmp/backhaul-$USER', UID);
+  const sockets = [`${dir}/5432.sock`, `${dir}/6379.sock`];
+  add('relay-ready', `#!/bin/sh\n${renderRelayReady(dir)}`);
+  add('prepare-sockets', `#!/bin/sh\n${renderPrepareSockets(dir, sockets)}`);
+  add('socket-inodes', `#!/bin/sh\n${renderSocketInodes(sockets)}`);
+  add('socket-watch', `#!/bin/sh\n${renderSocketWatch(dir, sockets, 3)}`);
+  add(
+    'remove-own-sockets',
+    `#!/bin/sh\n${renderRemoveOwnSockets(new Map(sockets.map((p, i) => [p, String(1000 + i)])))}`,
+  );
+  add('remove-dead-job-dir', `#!/bin/sh\n${renderRemoveDeadJobDir(dir)}`);
   return [...byContent.values()];
 }
 
