@@ -27,7 +27,7 @@
  * BENCH_KINDS (seq,conc8,conc32,connect,pgbench,redis), BENCH_CONNECT_COUNT (500), BENCH_JSON (write every sample to this file).
  * Results and their reading: docs/PERFORMANCE.md ("Round trips").
  */
-import { chmodSync, chownSync } from 'node:fs';
+import { chmodSync, chownSync, readFileSync } from 'node:fs';
 import { copyFile, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -270,6 +270,18 @@ interface Sample extends Figures {
   round: number;
   /** CPU µs per request of each process group (sshds, ours, relay, server). */
   cpuUs: Record<string, number>;
+  /**
+   * TCP segments sent on the machine per request (/proc/net/snmp OutSegs; everything on loopback, so a
+   * quiet machine is assumed): a path that splits messages or sends bare ACKs shows more.
+   */
+  segments: number;
+}
+
+function tcpOutSegments(): number {
+  const lines = readFileSync('/proc/net/snmp', 'utf8').split('\n').filter((l) => l.startsWith('Tcp:'));
+  const [names, values] = lines.map((l) => l.split(/\s+/));
+  const at = names?.indexOf('OutSegs') ?? -1;
+  return at < 0 ? Number.NaN : Number(values?.[at]);
 }
 
 interface Row {
@@ -413,7 +425,9 @@ async function main(): Promise<void> {
       try {
         const groups = { ...common, ...row.path.groups };
         const before = snapshot(groups);
+        const segsBefore = tcpOutSegments();
         const f = await run(row);
+        const segments = (tcpOutSegments() - segsBefore) / f.requests;
         const { cpu } = cpuDelta(before, groups);
         // The benchmark's own process is counted by cpuDelta as 'bench process (ssh2)': it is ours only when
         // the path is backhaul's (its shadows live here).
@@ -421,9 +435,9 @@ async function main(): Promise<void> {
         delete cpu['bench process (ssh2)'];
         if ('backhaul (ours)' in groups) cpu['backhaul (ours)'] = own;
         const cpuUs = Object.fromEntries(Object.entries(cpu).map(([k, v]) => [k, (v * 1e6) / f.requests]));
-        row.samples.push({ round, ...f, cpuUs });
+        row.samples.push({ round, ...f, cpuUs, segments });
         say(
-          `round ${round}/${REPEAT} ${pad(row.kind, 8)} ${pad(row.path.label, 36)} ${lpad(f.rps.toFixed(0), 7)}/s  p50 ${lpad(f.p50us.toFixed(0), 6)} µs  p99 ${lpad(Number.isNaN(f.p99us) ? '-' : f.p99us.toFixed(0), 6)} µs`,
+          `round ${round}/${REPEAT} ${pad(row.kind, 8)} ${pad(row.path.label, 36)} ${lpad(f.rps.toFixed(0), 7)}/s  p50 ${lpad(f.p50us.toFixed(0), 6)} µs  p99 ${lpad(Number.isNaN(f.p99us) ? '-' : f.p99us.toFixed(0), 6)} µs  ${segments.toFixed(1)} TCP segments/request`,
         );
       } catch (err) {
         row.error = (err as Error).message;
