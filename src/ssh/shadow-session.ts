@@ -115,8 +115,13 @@ export class ShadowSession {
   private tornDown = false;
   /** The forwards' counters, kept after they are cancelled. */
   private forwardStats: ForwardStats | undefined;
-  /** The job ended without its trap (the socket dir stayed): the teardown removes the dir. */
+  /**
+   * The session ends because its job ended: if the job's trap did not run (SIGKILL, the OOM killer, a
+   * TERM before the trap was set), its socket dir stayed, and the teardown removes it (guarded on the
+   * node: renderRemoveDeadJobDir). Not when a newer job of the pod was seen (`successorJob`).
+   */
   private deadJobDir = false;
+  private successorJob: string | undefined;
 
   constructor(private readonly opts: ShadowSessionOptions) {}
 
@@ -137,6 +142,7 @@ export class ShadowSession {
         () => undefined,
       );
       const end = (await setUp) ?? (await this.hold());
+      this.deadJobDir = end.type === 'JOB_ENDED' && this.successorJob === undefined;
       this.report(end);
       await this.close(end.type);
       return end;
@@ -242,18 +248,9 @@ export class ShadowSession {
     const jobGone = this.untilJobEnds().then((gone) => ({ lost: undefined, gone }));
     const outcome = await Promise.race([vanished.then((watched) => ({ lost: undefined, watched })), lost, jobGone]);
     this.abortIfClosing();
-    if ('gone' in outcome) {
-      // The watch still sees the dir: the job's trap did not run. Unless a newer job of the pod runs, the
-      // dir is the dead job's leftover, removed with the sockets.
-      this.deadJobDir = !outcome.gone.successor;
-      return outcome.gone.end;
-    }
+    if ('gone' in outcome) return outcome.gone;
     const ended = await this.jobEnded();
-    if (ended) {
-      // The relay died and the dir stayed (checked again 2 s later): the whole job was killed (SIGKILL).
-      if ('watched' in outcome && outcome.watched === 'relay-dead') this.deadJobDir = true;
-      return ended;
-    }
+    if (ended) return ended;
     if (outcome.lost !== undefined) return { type: 'CARRIER_LOST', reason: outcome.lost };
     if ('watched' in outcome && outcome.watched === 'relay-dead') {
       const where = this.job ? ` in job ${this.job.jobId} on ${this.job.batchHost ?? '?'}` : '';
@@ -285,7 +282,7 @@ export class ShadowSession {
    * set) leaves the dir and the sockets, which the node's sshd keeps listening on: without this the
    * forwards would be held for a job that is gone. squeue failing is not an answer: asked again.
    */
-  private async untilJobEnds(): Promise<{ end: ShadowEnd; successor: boolean }> {
+  private async untilJobEnds(): Promise<ShadowEnd> {
     const everyMs = this.opts.jobCheckMs ?? 15_000;
     const jobId = this.job?.jobId;
     for (;;) {
@@ -297,13 +294,13 @@ export class ShadowSession {
         continue;
       }
       this.abortIfClosing();
-      if (!job) return { end: { type: 'JOB_ENDED', state: 'GONE' }, successor: false };
+      if (!job) return { type: 'JOB_ENDED', state: 'GONE' };
       if (jobId !== undefined && job.jobId !== jobId) {
-        return { end: { type: 'JOB_ENDED', state: `REPLACED_BY_${job.jobId}` }, successor: true };
+        // The socket dir is the newer job's now: the teardown must leave it.
+        this.successorJob = job.jobId;
+        return { type: 'JOB_ENDED', state: `REPLACED_BY_${job.jobId}` };
       }
-      if (job.phase === 'ended' || job.phase === 'ending') {
-        return { end: { type: 'JOB_ENDED', state: job.state }, successor: false };
-      }
+      if (job.phase === 'ended' || job.phase === 'ending') return { type: 'JOB_ENDED', state: job.state };
     }
   }
 
