@@ -278,7 +278,9 @@ interface Sample extends Figures {
 }
 
 function tcpOutSegments(): number {
-  const lines = readFileSync('/proc/net/snmp', 'utf8').split('\n').filter((l) => l.startsWith('Tcp:'));
+  const lines = readFileSync('/proc/net/snmp', 'utf8')
+    .split('\n')
+    .filter((l) => l.startsWith('Tcp:'));
   const [names, values] = lines.map((l) => l.split(/\s+/));
   const at = names?.indexOf('OutSegs') ?? -1;
   return at < 0 ? Number.NaN : Number(values?.[at]);

@@ -126,7 +126,8 @@ export function parseSocketInodes(output: string, socketPaths: readonly string[]
  * Removes the socket dir of a job that ended without running its trap (SIGKILL, the OOM killer): the
  * hosts file, the relay's copy and files, what sshd bound. Only a real directory of this user, and
  * only while no relay process of its pids file is alive and no socket is left in it (the session's
- * own are removed first: one left is another session's, of a newer job of the pod).
+ * own are removed first: one left is another session's, of a newer job of the pod). Prints
+ * DEAD_JOB_DIR_REMOVED when it removed it.
  */
 export function renderRemoveDeadJobDir(socketDir: string): string {
   const dir = shellQuote(socketDir);
@@ -140,11 +141,14 @@ export function renderRemoveDeadJobDir(socketDir: string): string {
     `for s in ${dir}/*.sock; do`,
     '  if [ -S "$s" ]; then exit 0; fi',
     'done',
-    `rm -rf -- ${dir}`,
+    `rm -rf -- ${dir} && echo ${DEAD_JOB_DIR_REMOVED}`,
     'exit 0',
     '',
   ].join('\n');
 }
+
+/** Printed by renderRemoveDeadJobDir when it removed the dir. */
+export const DEAD_JOB_DIR_REMOVED = 'backhaul-dead-job-dir-removed';
 
 /**
  * Removes only the sockets a session bound itself: each path whose inode is still the one recorded

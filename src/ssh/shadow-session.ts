@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client, ClientChannel } from 'ssh2';
 import {
+  DEAD_JOB_DIR_REMOVED,
   PREPARE_DIR_MISSING,
   parseRelayReady,
   parseSocketInodes,
@@ -482,6 +483,21 @@ export class ShadowSession {
     await this.release();
   }
 
+  /** A dir that was there to remove means the job died without its trap: the site should hear of it. */
+  private async removeDeadJobDir(carrier: Carrier): Promise<void> {
+    const { plan } = this.opts;
+    const result = await execCapture(carrier.client, '/bin/sh -s', {
+      stdin: renderRemoveDeadJobDir(plan.socketDir),
+      timeoutMs: RELEASE_STEP_MS,
+    });
+    if (!result.stdout.includes(DEAD_JOB_DIR_REMOVED)) return;
+    const job = this.job ? `job ${this.job.jobId} on ${this.job.batchHost ?? '?'}` : 'its job';
+    this.opts.log.warn(
+      `the ${job} of pod ${plan.namespace}/${plan.name} ended without running its trap (SIGKILL, the OOM killer, or a signal before the prelude set it); its socket dir ${plan.socketDir} was left and is now removed`,
+      { pod: `${plan.namespace}/${plan.name}`, socketDir: plan.socketDir },
+    );
+  }
+
   /** Gives back everything held; what is released is forgotten, so it can run again for late arrivals. */
   private async release(): Promise<void> {
     const socks = this.socks;
@@ -511,13 +527,7 @@ export class ShadowSession {
       }
       if (this.deadJobDir) {
         this.deadJobDir = false;
-        await within(
-          execCapture(carrier.client, '/bin/sh -s', {
-            stdin: renderRemoveDeadJobDir(this.opts.plan.socketDir),
-            timeoutMs: RELEASE_STEP_MS,
-          }),
-          RELEASE_STEP_MS,
-        );
+        await within(this.removeDeadJobDir(carrier), RELEASE_STEP_MS);
       }
       carrier.close();
     }

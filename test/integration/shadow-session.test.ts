@@ -95,6 +95,8 @@ describe.each([
     expect(['JOB_ENDED', 'SOCKETS_VANISHED']).toContain(end.type);
     expect(Date.now() - cancelledAt).toBeLessThan(10_000);
     await session.close('test');
+    // Its trap ran and removed the dir: nothing left to report.
+    expect(started.warnings.join('\n')).not.toContain('ended without running its trap');
     for (const f of plan.forwards) expect(await exists(f.socketPath)).toBe(false);
     await waitFor('no steps', async () => ((await stepsOf(jobId)).length === 0 ? true : undefined), 10_000);
     await waitFor(
@@ -181,8 +183,10 @@ describe.each([
       expect(Date.now() - cancelledAt, seen).toBeLessThan(10_000);
       await started.session.close('test');
       for (const f of plan.forwards) expect(await exists(f.socketPath), seen).toBe(false);
-      // The dead job's dir went with the sockets.
+      // The dead job's dir went with the sockets, and the site hears of it.
       expect(await exists(plan.socketDir), seen).toBe(false);
+      expect(started.warnings.join('\n'), seen).toContain(`job ${jobId} on bhnode1 of pod`);
+      expect(started.warnings.join('\n'), seen).toContain('ended without running its trap');
     }, 120_000);
 
     it('a job killed whole (SIGKILL to every process: no trap) ends as JOB_ENDED, and its socket dir goes with the sockets', async () => {
@@ -203,6 +207,7 @@ describe.each([
       await started.session.close('test');
       for (const f of plan.forwards) expect(await exists(f.socketPath), seen).toBe(false);
       expect(await exists(plan.socketDir), seen).toBe(false);
+      expect(started.warnings.join('\n'), seen).toContain('ended without running its trap');
       await waitFor(
         'no job processes',
         async () => ((await userProcesses(h.site.user.name, plan.socketDir)).length === 0 ? true : undefined),

@@ -4,13 +4,13 @@ import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RELAY_PIDS_FILE, renderRemoveDeadJobDir } from '../../src/render/node-scripts.js';
+import { DEAD_JOB_DIR_REMOVED, RELAY_PIDS_FILE, renderRemoveDeadJobDir } from '../../src/render/node-scripts.js';
 
 /** Runs the script as the session host does (`/bin/sh -s`, script on stdin). */
-async function sh(script: string): Promise<{ code: number; stderr: string }> {
+async function sh(script: string): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
-    const child = execFile('/bin/sh', ['-s'], (err, _stdout, stderr) =>
-      resolve({ code: (err as { code?: number } | null)?.code ?? 0, stderr }),
+    const child = execFile('/bin/sh', ['-s'], (err, stdout, stderr) =>
+      resolve({ code: (err as { code?: number } | null)?.code ?? 0, stdout, stderr }),
     );
     child.stdin?.end(script);
   });
@@ -53,7 +53,7 @@ describe("the dead job's socket dir, removed by the session's teardown", () => {
     const dir = join(root, 'bh-dead');
     await leftover(dir, [deadPid(), deadPid()]);
     const result = await sh(renderRemoveDeadJobDir(dir));
-    expect(result).toEqual({ code: 0, stderr: '' });
+    expect(result).toEqual({ code: 0, stdout: `${DEAD_JOB_DIR_REMOVED}\n`, stderr: '' });
     expect(await exists(dir)).toBe(false);
   });
 
@@ -68,7 +68,7 @@ describe("the dead job's socket dir, removed by the session's teardown", () => {
   it('keeps the dir while a relay process of it lives (the job is ending: its own trap is still to come)', async () => {
     const dir = join(root, 'bh-ending');
     await leftover(dir, [deadPid(), process.pid]);
-    expect((await sh(renderRemoveDeadJobDir(dir))).code).toBe(0);
+    expect(await sh(renderRemoveDeadJobDir(dir))).toEqual({ code: 0, stdout: '', stderr: '' });
     expect(await exists(join(dir, 'hosts'))).toBe(true);
   });
 
@@ -91,6 +91,6 @@ describe("the dead job's socket dir, removed by the session's teardown", () => {
     expect((await sh(renderRemoveDeadJobDir(link))).code).toBe(0);
     expect(await exists(join(target, 'hosts'))).toBe(true);
     expect(await exists(link)).toBe(true);
-    expect(await sh(renderRemoveDeadJobDir(join(root, 'bh-missing')))).toEqual({ code: 0, stderr: '' });
+    expect(await sh(renderRemoveDeadJobDir(join(root, 'bh-missing')))).toEqual({ code: 0, stdout: '', stderr: '' });
   });
 });
