@@ -154,13 +154,15 @@ export const DEAD_JOB_DIR_REMOVED = 'backhaul-dead-job-dir-removed';
  * Removes only the sockets a session bound itself: each path whose inode is still the one recorded
  * (sshd never unlinks them). A socket bound at the same path by a later session of the pod (after a
  * takeover) has another inode and stays: a stale session host that wakes up never removes its
- * successor's sockets.
+ * successor's sockets. With `deadJobDir`, the dead job's dir follows in the same script
+ * (renderRemoveDeadJobDir).
  */
-export function renderRemoveOwnSockets(owned: ReadonlyMap<string, string>): string {
+export function renderRemoveOwnSockets(owned: ReadonlyMap<string, string>, deadJobDir?: string): string {
   const lines = [...owned].map(([path, inode]) => {
     if (!/^\d+$/.test(inode)) throw new RangeError(`not an inode number: ${inode}`);
     const p = shellQuote(path);
     return `i=$(ls -di -- ${p} 2>/dev/null) && [ "\${i%% *}" = ${inode} ] && rm -f -- ${p}`;
   });
-  return `${lines.join('\n')}\nexit 0\n`;
+  // Then, in the same exec, the dead job's dir: it must come after, since a socket left in it keeps it.
+  return `${[...lines, ...(deadJobDir === undefined ? [] : [renderRemoveDeadJobDir(deadJobDir)])].join('\n')}\nexit 0\n`;
 }

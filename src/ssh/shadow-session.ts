@@ -7,7 +7,6 @@ import {
   parseSocketInodes,
   renderPrepareSockets,
   renderRelayReady,
-  renderRemoveDeadJobDir,
   renderRemoveOwnSockets,
   renderSocketInodes,
   renderSocketWatch,
@@ -74,6 +73,11 @@ const LOGIN_SESSIONS = { node: 0, userspace: 0, srun: 1 } as const;
 const SETUP_SETTLE_MS = 15_000;
 /** Each step of giving things back (cancel the forwards, remove the sockets) waits at most this long. */
 const RELEASE_STEP_MS = 5_000;
+
+/** JOB_ENDED for a job that has ended or is ending; undefined for one that may still run. */
+function endOf(job: SlurmJob): ShadowEnd | undefined {
+  return job.phase === 'ended' || job.phase === 'ending' ? { type: 'JOB_ENDED', state: job.state } : undefined;
+}
 
 /** Waits for `work` (errors ignored) at most `ms`: a teardown must end even when the node does not answer. */
 async function within(work: Promise<unknown> | undefined, ms: number): Promise<void> {
@@ -188,7 +192,8 @@ export class ShadowSession {
 
     const job = await this.waitForBatchHost();
     await this.checkpoint();
-    if (job.phase === 'ended' || job.phase === 'ending') return { type: 'JOB_ENDED', state: job.state };
+    const endedBefore = endOf(job);
+    if (endedBefore) return endedBefore;
     this.job = job;
     const batchHost = job.batchHost ?? '';
     this.report({ type: 'BATCH_HOST', batchHost, jobId: job.jobId });
@@ -301,7 +306,8 @@ export class ShadowSession {
         this.successorJob = job.jobId;
         return { type: 'JOB_ENDED', state: `REPLACED_BY_${job.jobId}` };
       }
-      if (job.phase === 'ended' || job.phase === 'ending') return { type: 'JOB_ENDED', state: job.state };
+      const end = endOf(job);
+      if (end) return end;
     }
   }
 
@@ -309,7 +315,7 @@ export class ShadowSession {
   private async jobEnded(jobId?: string): Promise<ShadowEnd | undefined> {
     const job = await this.jobNow().catch(() => undefined);
     if (!job || (jobId !== undefined && job.jobId !== jobId)) return undefined;
-    return job.phase === 'ended' || job.phase === 'ending' ? { type: 'JOB_ENDED', state: job.state } : undefined;
+    return endOf(job);
   }
 
   private async jobNow(): Promise<SlurmJob | undefined> {
@@ -327,7 +333,7 @@ export class ShadowSession {
       this.abortIfClosing();
       if (job) {
         lastState = job.state;
-        if (job.phase === 'ended' || job.phase === 'ending') return job;
+        if (endOf(job)) return job;
         if (job.phase === 'running' && job.batchHost) return job;
       }
       if (Date.now() >= deadline) {
@@ -483,11 +489,14 @@ export class ShadowSession {
     await this.release();
   }
 
-  /** A dir that was there to remove means the job died without its trap: the site should hear of it. */
-  private async removeDeadJobDir(carrier: Carrier): Promise<void> {
+  /**
+   * Removes this session's sockets and, when given, the dead job's dir, in one exec. A dir that was there
+   * to remove means the job died without its trap: the site should hear of it.
+   */
+  private async removeOnNode(carrier: Carrier, owned: ReadonlyMap<string, string>, deadJobDir?: string): Promise<void> {
     const { plan } = this.opts;
     const result = await execCapture(carrier.client, '/bin/sh -s', {
-      stdin: renderRemoveDeadJobDir(plan.socketDir),
+      stdin: renderRemoveOwnSockets(owned, deadJobDir),
       timeoutMs: RELEASE_STEP_MS,
     });
     if (!result.stdout.includes(DEAD_JOB_DIR_REMOVED)) return;
@@ -516,18 +525,10 @@ export class ShadowSession {
       // sshd never unlinks forwarded sockets: remove ours while the carrier can still reach the node.
       const owned = new Map(this.owned);
       this.owned.clear();
-      if (owned.size > 0) {
-        await within(
-          execCapture(carrier.client, '/bin/sh -s', {
-            stdin: renderRemoveOwnSockets(owned),
-            timeoutMs: RELEASE_STEP_MS,
-          }),
-          RELEASE_STEP_MS,
-        );
-      }
-      if (this.deadJobDir) {
-        this.deadJobDir = false;
-        await within(this.removeDeadJobDir(carrier), RELEASE_STEP_MS);
+      const deadJobDir = this.deadJobDir ? this.opts.plan.socketDir : undefined;
+      this.deadJobDir = false;
+      if (owned.size > 0 || deadJobDir !== undefined) {
+        await within(this.removeOnNode(carrier, owned, deadJobDir), RELEASE_STEP_MS);
       }
       carrier.close();
     }

@@ -126,6 +126,10 @@ function allScripts(): Script[] {
     `#!/bin/sh\n${renderRemoveOwnSockets(new Map(sockets.map((p, i) => [p, String(1000 + i)])))}`,
   );
   add('remove-dead-job-dir', `#!/bin/sh\n${renderRemoveDeadJobDir(dir)}`);
+  add(
+    'remove-own-sockets-and-dead-job-dir',
+    `#!/bin/sh\n${renderRemoveOwnSockets(new Map([[sockets[0] ?? '', '1000']]), dir)}`,
+  );
   return [...byContent.values()];
 }
 
