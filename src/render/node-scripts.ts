@@ -31,6 +31,8 @@ export const WATCH_VANISHED = 'backhaul-vanished';
 export const WATCH_RELAY_DEAD = 'backhaul-relay-dead';
 /** Written by the relay (src/render/relay.py RELAY_PIDS_FILE): the pids of its holder and relaying process. */
 export const RELAY_PIDS_FILE = 'relay.pids';
+/** The relay's stdout as the prelude keeps it (`ready <address per Service group>`). */
+export const RELAY_READY_FILE = 'relay.ready';
 
 /**
  * Runs for the life of the forwards: ends, printing WATCH_VANISHED, when the socket dir or one of
@@ -89,7 +91,7 @@ export function renderSocketInodes(socketPaths: readonly string[]): string {
  */
 export function renderRelayReady(socketDir: string): string {
   return [
-    `bh_f=${shellQuote(`${socketDir}/relay.ready`)}`,
+    `bh_f=${shellQuote(`${socketDir}/${RELAY_READY_FILE}`)}`,
     'if sleep 0.01 2>/dev/null; then bh_t=0.1 bh_n=30; else bh_t=1 bh_n=3; fi',
     `while [ "$bh_n" -gt 0 ] && ! grep -q '^ready ' "$bh_f" 2>/dev/null; do sleep "$bh_t"; bh_n=$((bh_n - 1)); done`,
     'head -n 1 -- "$bh_f" 2>/dev/null',

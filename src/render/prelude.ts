@@ -6,6 +6,7 @@ import type { Forward } from '../spec/reverse-request.js';
 import type { ReverseConfig } from '../spec/site-config.js';
 import { SpecError } from '../spec/spec-error.js';
 import { hostNameGroups, namesByGroup } from './hosts-file.js';
+import { RELAY_READY_FILE } from './node-scripts.js';
 import { hasPrelude, PRELUDE_BEGIN, PRELUDE_END } from './prelude-markers.js';
 import { relaySource } from './relay-source.js';
 import { shellQuote } from './shell-quote.js';
@@ -329,7 +330,7 @@ function startRelay(slotted: readonly SlottedForward[]): string[] {
   const forwards = slotted.map(relayForward).join(' ');
   return [
     'bh_relay_py=$bh_dir/relay.py',
-    'bh_ready_file=$bh_dir/relay.ready',
+    `bh_ready_file=$bh_dir/${RELAY_READY_FILE}`,
     'if ! printf \'%s\\n\' "$bh_relay_src" >"$bh_relay_py"; then',
     `  printf 'backhaul: cannot write %s\\n' "$bh_relay_py" >&2`,
     '  exit 1',
