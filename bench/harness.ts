@@ -203,6 +203,17 @@ export function cpuSeconds(pid: number): number {
   }
 }
 
+/** stime+cstime of a process in seconds: the part of cpuSeconds spent in the kernel, 0 if gone. */
+export function kernelSeconds(pid: number): number {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(f[12]) + Number(f[14])) / CLK_TCK;
+  } catch {
+    return 0;
+  }
+}
+
 /** read + write system calls of a process (reaped children included, like cutime), 0 if gone. */
 export function syscalls(pid: number | 'self'): number {
   try {
@@ -226,7 +237,7 @@ export function machineJiffies(): { busy: number; total: number } {
 
 export type CpuGroups = Record<string, () => number[]>;
 export interface CpuSnapshot {
-  groups: Record<string, Map<number, { cpu: number; sys: number }>>;
+  groups: Record<string, Map<number, { cpu: number; kernel: number; sys: number }>>;
   self: NodeJS.CpuUsage;
   selfSys: number;
   machine: { busy: number; total: number };
@@ -235,7 +246,7 @@ export interface CpuSnapshot {
 export function snapshot(groups: CpuGroups): CpuSnapshot {
   const out: CpuSnapshot['groups'] = {};
   for (const [name, pids] of Object.entries(groups)) {
-    out[name] = new Map(pids().map((p) => [p, { cpu: cpuSeconds(p), sys: syscalls(p) }]));
+    out[name] = new Map(pids().map((p) => [p, { cpu: cpuSeconds(p), kernel: kernelSeconds(p), sys: syscalls(p) }]));
   }
   return { groups: out, self: process.cpuUsage(), selfSys: syscalls('self'), machine: machineJiffies() };
 }
@@ -246,30 +257,37 @@ export function cpuDelta(
   groups: CpuGroups,
 ): {
   cpu: Record<string, number>;
+  /** The part of cpu spent in the kernel (system time). */
+  kernel: Record<string, number>;
   sys: Record<string, number>;
   machineBusy: number;
   machineBusySeconds: number;
 } {
   const after = snapshot(groups);
   const cpu: Record<string, number> = {};
+  const kernel: Record<string, number> = {};
   const sys: Record<string, number> = {};
   for (const [name, now] of Object.entries(after.groups)) {
-    const then = before.groups[name] ?? new Map<number, { cpu: number; sys: number }>();
+    const then = before.groups[name] ?? new Map<number, { cpu: number; kernel: number; sys: number }>();
     let sumCpu = 0;
+    let sumKernel = 0;
     let sumSys = 0;
     for (const [pid, v] of now) {
       sumCpu += v.cpu - (then.get(pid)?.cpu ?? 0);
+      sumKernel += v.kernel - (then.get(pid)?.kernel ?? 0);
       sumSys += v.sys - (then.get(pid)?.sys ?? 0);
     }
     cpu[name] = Math.max(0, sumCpu);
+    kernel[name] = Math.max(0, sumKernel);
     sys[name] = Math.max(0, sumSys);
   }
   const self = process.cpuUsage(before.self);
   cpu['bench process (ssh2)'] = (self.user + self.system) / 1e6;
+  kernel['bench process (ssh2)'] = self.system / 1e6;
   sys['bench process (ssh2)'] = after.selfSys - before.selfSys;
   const dBusy = after.machine.busy - before.machine.busy;
   const dTotal = after.machine.total - before.machine.total;
-  return { cpu, sys, machineBusy: dTotal > 0 ? dBusy / dTotal : 0, machineBusySeconds: dBusy / CLK_TCK };
+  return { cpu, kernel, sys, machineBusy: dTotal > 0 ? dBusy / dTotal : 0, machineBusySeconds: dBusy / CLK_TCK };
 }
 
 export const treeOf = (pid: number) => (isAlive(pid) ? [pid, ...descendantsOf(pid)] : []);

@@ -270,6 +270,12 @@ interface Sample extends Figures {
   round: number;
   /** CPU µs per request of each process group (sshds, ours, relay, server). */
   cpuUs: Record<string, number>;
+  /** The part of cpuUs spent in the kernel (system time). */
+  kernelUs: Record<string, number>;
+  /** Busy CPU µs per request of the whole machine: clients, kernel threads and softirqs included. */
+  machineUs: number;
+  /** Fraction of the machine's cores busy while the measure ran (near 1: CPU-bound). */
+  busy: number;
   /**
    * TCP segments sent on the machine per request (/proc/net/snmp OutSegs; everything on loopback, so a
    * quiet machine is assumed): a path that splits messages or sends bare ACKs shows more.
@@ -430,14 +436,25 @@ async function main(): Promise<void> {
         const segsBefore = tcpOutSegments();
         const f = await run(row);
         const segments = (tcpOutSegments() - segsBefore) / f.requests;
-        const { cpu } = cpuDelta(before, groups);
+        const { cpu, kernel, machineBusy, machineBusySeconds } = cpuDelta(before, groups);
         // The benchmark's own process is counted by cpuDelta as 'bench process (ssh2)': it is ours only when
         // the path is backhaul's (its shadows live here).
-        const own = cpu['bench process (ssh2)'] ?? 0;
-        delete cpu['bench process (ssh2)'];
-        if ('backhaul (ours)' in groups) cpu['backhaul (ours)'] = own;
-        const cpuUs = Object.fromEntries(Object.entries(cpu).map(([k, v]) => [k, (v * 1e6) / f.requests]));
-        row.samples.push({ round, ...f, cpuUs, segments });
+        for (const record of [cpu, kernel]) {
+          const own = record['bench process (ssh2)'] ?? 0;
+          delete record['bench process (ssh2)'];
+          if ('backhaul (ours)' in groups) record['backhaul (ours)'] = own;
+        }
+        const perRequest = (record: Record<string, number>) =>
+          Object.fromEntries(Object.entries(record).map(([k, v]) => [k, (v * 1e6) / f.requests]));
+        row.samples.push({
+          round,
+          ...f,
+          cpuUs: perRequest(cpu),
+          kernelUs: perRequest(kernel),
+          machineUs: (machineBusySeconds * 1e6) / f.requests,
+          busy: machineBusy,
+          segments,
+        });
         say(
           `round ${round}/${REPEAT} ${pad(row.kind, 8)} ${pad(row.path.label, 36)} ${lpad(f.rps.toFixed(0), 7)}/s  p50 ${lpad(f.p50us.toFixed(0), 6)} µs  p99 ${lpad(Number.isNaN(f.p99us) ? '-' : f.p99us.toFixed(0), 6)} µs  ${segments.toFixed(1)} TCP segments/request`,
         );
@@ -467,6 +484,88 @@ async function main(): Promise<void> {
 
 // ------------------------------------------------------------------------------------------ report
 
+/**
+ * What an aim that is missed would need, from this run's CPU figures. When a measure is CPU-bound (the
+ * machine's cores busy), requests/s is the machine's CPU over the CPU one request costs, so a part's cost
+ * taken away would give rps × machine / (machine - part). Computed per round and paired like the ratios:
+ * whether the aim could be met by making that part cheaper, down to nothing.
+ */
+function bounds(rows: Row[]): string[] {
+  const find = (kind: Kind, key: string) => rows.find((r) => r.kind === kind && r.path.key === key);
+  const out = [
+    '## Bounds: the ratio if a part cost no CPU at all (CPU-bound measures; paired, median over rounds)',
+    '',
+    '| ratio | measure | if this cost nothing | CPU µs per request it took | busy | ratio as measured | bound | aim | reachable |',
+    '|---|---|---|---:|---:|---:|---:|---|---|',
+  ];
+  const bound = (
+    name: string,
+    kind: Kind,
+    num: string,
+    den: string,
+    part: string,
+    cost: (s: Sample) => number,
+    aim: number,
+  ) => {
+    const a = find(kind, num);
+    const b = find(kind, den);
+    if (!a?.samples.length || !b?.samples.length) return;
+    const pairs = a.samples.flatMap((x) => {
+      const y = b.samples.find((z) => z.round === x.round);
+      if (!y) return [];
+      const freed = Math.min(cost(x), x.machineUs * 0.99);
+      return [
+        {
+          as: x.rps / y.rps,
+          bound: (x.rps * x.machineUs) / (x.machineUs - freed) / y.rps,
+          cost: cost(x),
+          busy: x.busy,
+        },
+      ];
+    });
+    if (!pairs.length) return;
+    const m = (f: (p: (typeof pairs)[number]) => number) => median(pairs.map(f));
+    out.push(
+      `| ${name} | ${kind} | ${part} | ${fmt(
+        m((p) => p.cost),
+        1,
+      )} | ${fmt(100 * m((p) => p.busy))} % | ${fmt(
+        m((p) => p.as),
+        2,
+      )} | ${fmt(
+        m((p) => p.bound),
+        2,
+      )} | >= ${aim.toFixed(2)} | ${m((p) => p.bound) >= aim ? 'yes' : '**no**'} |`,
+    );
+  };
+  bound(
+    '(c+r) / direct',
+    'pgbench',
+    'cr',
+    'direct',
+    "backhaul's own process",
+    (s) => s.cpuUs['backhaul (ours)'] ?? 0,
+    0.3,
+  );
+  for (const kind of ['conc8', 'conc32'] as const) {
+    bound(
+      'relay: (c+r) / (c)',
+      kind,
+      'cr',
+      'c',
+      "the relay's user-space part (a relay making the same system calls)",
+      (s) => (s.cpuUs.relay ?? 0) - (s.kernelUs.relay ?? 0),
+      0.85,
+    );
+    bound('relay: (c+r) / (c)', kind, 'cr', 'c', 'the relay process, whole', (s) => s.cpuUs.relay ?? 0, 0.85);
+  }
+  out.push('');
+  out.push(
+    '(A bound holds only when the measure is CPU-bound: "busy" near 100 %. It takes the CPU away and nothing else: the wake-ups and hops stay.)',
+  );
+  return out;
+}
+
 const fmt = (v: number, digits = 0) => (Number.isFinite(v) ? v.toFixed(digits) : '-');
 
 function report(rows: Row[]): string {
@@ -490,14 +589,27 @@ function report(rows: Row[]): string {
   );
   out.push('');
   const names = [...new Set(rows.flatMap((r) => r.samples.flatMap((x) => Object.keys(x.cpuUs))))];
-  out.push(`| measure | path | ${names.join(' | ')} | all counted |`);
-  out.push(`|---|---|${names.map(() => '---:').join('|')}|---:|`);
+  out.push(`| measure | path | ${names.join(' | ')} | all counted | machine | busy |`);
+  out.push(`|---|---|${names.map(() => '---:').join('|')}|---:|---:|---:|`);
   for (const row of rows) {
     if (!row.samples.length) continue;
-    const per = (k: string) => med(row, (x) => x.cpuUs[k] ?? 0);
+    const per = (k: string) => {
+      const cpu = med(row, (x) => x.cpuUs[k] ?? 0);
+      const kernel = med(row, (x) => x.kernelUs[k] ?? 0);
+      return cpu > 0 ? `${fmt(cpu, 1)} (${fmt((100 * kernel) / cpu)} %)` : fmt(cpu, 1);
+    };
     const all = med(row, (x) => Object.values(x.cpuUs).reduce((a, b) => a + b, 0));
-    out.push(`| ${row.kind} | ${row.path.label} | ${names.map((k) => fmt(per(k), 1)).join(' | ')} | ${fmt(all, 1)} |`);
+    out.push(
+      `| ${row.kind} | ${row.path.label} | ${names.map(per).join(' | ')} | ${fmt(all, 1)} | ${fmt(
+        med(row, (x) => x.machineUs),
+        1,
+      )} | ${fmt(100 * med(row, (x) => x.busy))} % |`,
+    );
   }
+  out.push('');
+  out.push(
+    '(In parentheses: the share spent in the kernel. "machine": busy CPU µs per request of the whole machine, clients, kernel threads and softirqs included; "busy": the share of all cores busy meanwhile.)',
+  );
   out.push('');
   out.push('## Ratios against the aims (paired: median over rounds of the ratio within a round)');
   out.push('');
@@ -549,6 +661,8 @@ function report(rows: Row[]): string {
   ratio('coalesced / not: (c+r) / (cx+r)', 'seq', 'cr', 'cxr', 'p50', undefined);
   for (const kind of ['conc8', 'conc32', 'pgbench', 'redis'] as const)
     ratio('coalesced / not: (c+r) / (cx+r)', kind, 'cr', 'cxr', 'rps', undefined);
+  out.push('');
+  out.push(bounds(rows).join('\n'));
   return out.join('\n');
 }
 

@@ -135,10 +135,45 @@ def concurrent(connect, clients, requests):
     return requests / elapsed
 
 
-def cpu_seconds(pid):
+def cpu_times(pid):
+    """(user, system) CPU seconds of a process, its reaped children included."""
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[13])) / tick, (int(fields[12]) + int(fields[14])) / tick
+
+
+def start_socat(sock_path):
+    """socat as a compiled relay to compare with (no owner check; a process per connection, each a
+    select/read/write loop in C): (process, port)."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    proc = subprocess.Popen(
+        ["socat", "TCP-LISTEN:%d,bind=127.0.0.1,reuseaddr,fork,nodelay,backlog=256" % port,
+         "UNIX-CONNECT:%s" % sock_path],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 5
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port)).close()
+            return proc, port
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("socat did not listen on %d" % port)
+            time.sleep(0.02)
+
+
+def measured(pids, run):
+    """(result of run(), user CPU s, system CPU s) of the processes pids (reaped children included)."""
+    before = [cpu_times(p) for p in pids]
+    result = run()
+    time.sleep(0.3)  # socat's children exit when their client closes; their CPU counts once reaped
+    after = [cpu_times(p) for p in pids]
+    return (result, sum(a[0] - b[0] for a, b in zip(after, before)),
+            sum(a[1] - b[1] for a, b in zip(after, before)))
 
 
 def relay_pids(work):
@@ -182,7 +217,11 @@ def main():
     parser.add_argument("--count", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=1)
+    parser.add_argument("--socat", action="store_true",
+                        help="with --clients: also through socat, a compiled relay, in each round")
     args = parser.parse_args()
+    if args.socat and args.clients < 2:
+        parser.error("--socat needs --clients C with C > 1")
 
     work = tempfile.mkdtemp(prefix="bh-relay-rtt-")
     os.chmod(work, 0o700)
@@ -205,17 +244,34 @@ def main():
         rounds = []
         if args.clients > 1:
             pids = relay_pids(work)
-            for _ in range(args.rounds):
-                direct = concurrent(lambda: _unix(sock_path), args.clients, args.count)
-                before = sum(cpu_seconds(p) for p in pids)
-                through = concurrent(lambda: _tcp(address), args.clients, args.count)
-                used = sum(cpu_seconds(p) for p in pids) - before
-                rounds.append({"direct_rps": round(direct), "relay_rps": round(through),
-                               "relay_share": round(through / direct, 3),
-                               "relay_cpu_us_per_request": round(used * 1e6 / args.count, 1)})
-            cpu = sorted(r["relay_cpu_us_per_request"] for r in rounds)[len(rounds) // 2]
-            print(json.dumps({"clients": args.clients, "count": args.count, "rounds": rounds,
-                              "relay_cpu_us_per_request_median": cpu}))
+            socat, socat_port = start_socat(sock_path) if args.socat else (None, 0)
+            try:
+                for _ in range(args.rounds):
+                    direct = concurrent(lambda: _unix(sock_path), args.clients, args.count)
+                    through, user, system = measured(
+                        pids, lambda: concurrent(lambda: _tcp(address), args.clients, args.count))
+                    row = {"direct_rps": round(direct), "relay_rps": round(through),
+                           "relay_share": round(through / direct, 3),
+                           "relay_cpu_us_per_request": round((user + system) * 1e6 / args.count, 1),
+                           "relay_user_us_per_request": round(user * 1e6 / args.count, 1)}
+                    if socat is not None:
+                        via, user, system = measured(
+                            [socat.pid],
+                            lambda: concurrent(lambda: _tcp("127.0.0.1", socat_port), args.clients, args.count))
+                        row.update({"socat_rps": round(via), "socat_share": round(via / direct, 3),
+                                    "socat_cpu_us_per_request": round((user + system) * 1e6 / args.count, 1),
+                                    "socat_user_us_per_request": round(user * 1e6 / args.count, 1)})
+                    rounds.append(row)
+            finally:
+                if socat is not None:
+                    socat.terminate()
+                    socat.wait(5)
+            summary = {"clients": args.clients, "count": args.count, "rounds": rounds}
+            for key in ("relay_cpu_us_per_request", "relay_user_us_per_request",
+                        "socat_cpu_us_per_request", "socat_user_us_per_request"):
+                if key in rounds[0]:
+                    summary[key + "_median"] = sorted(r[key] for r in rounds)[len(rounds) // 2]
+            print(json.dumps(summary))
             return
         for _ in range(args.rounds):
             direct = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -248,8 +304,8 @@ def _unix(path):
     return s
 
 
-def _tcp(address):
-    s = socket.create_connection((address, PORT))
+def _tcp(address, port=PORT):
+    s = socket.create_connection((address, port))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return s
 
