@@ -80,7 +80,7 @@ export const podEventSchema = z.discriminatedUnion('type', [
   z.object({ type: z.literal('CARRIER_OPEN'), ...at, ...report }),
   z.object({ type: z.literal('FORWARDS_READY'), ...at, ...report, addresses: relayAddresses.optional() }),
   z.object({ type: z.literal('SOCKETS_VANISHED'), ...at, ...report }),
-  z.object({ type: z.literal('JOB_ENDED'), ...at, ...report }),
+  z.object({ type: z.literal('JOB_ENDED'), ...at, ...report, trapMissed: z.literal(true).optional() }),
   z.object({ type: z.literal('CARRIER_LOST'), ...at, ...report, reason: z.string() }),
   z.object({ type: z.literal('SESSION_FAILED'), ...at, ...report, error: podError }),
 ]) satisfies z.ZodType<PodEvent>;

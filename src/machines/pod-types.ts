@@ -173,6 +173,8 @@ export interface SocketsVanishedEvent extends Report {
 }
 export interface JobEndedEvent extends Report {
   type: 'JOB_ENDED';
+  /** The job ended without its trap: its socket dir was left on the node, and the session removed it. */
+  trapMissed?: true;
 }
 export interface CarrierLostEvent extends Report {
   type: 'CARRIER_LOST';

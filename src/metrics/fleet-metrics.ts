@@ -104,6 +104,12 @@ export const sessionEnds = new Counter({
   registers: [registry],
 });
 
+export const jobsEndedWithoutTrap = new Counter({
+  name: 'backhaul_jobs_ended_without_trap_total',
+  help: "Slurm jobs that ended without running the prelude's trap (SIGKILL, the OOM killer): their socket dir was left on the node, and this session host removed it.",
+  registers: [registry],
+});
+
 type PodCounter = () => Promise<Record<string, number>>;
 let countPods: PodCounter | undefined;
 

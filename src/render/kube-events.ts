@@ -35,6 +35,7 @@ export const EVENT_REASONS = {
   retrying: 'ReverseSetupRetrying',
   siteUnreachable: 'ReverseSiteUnreachable',
   preludeMissing: 'PreludeMissing',
+  trapMissed: 'PreludeTrapNotRun',
 } as const;
 
 /** Event messages are meant for one screen line or two; the API server refuses very long ones. */
@@ -132,6 +133,15 @@ export function transitionEvents(
       type: 'Normal',
       reason: EVENT_REASONS.forwardsEstablished,
       message: `${n} reverse forward(s) established${where} (shadow session ${ctx.generation}${job}${host})`,
+    });
+  }
+  if (event.type === 'JOB_ENDED' && event.trapMissed && to === 'tearingDown' && from !== 'tearingDown') {
+    // The site's to know (a job killed outright: SIGKILL, the OOM killer, KillWait), and the user's: the
+    // workload may have been killed mid-write.
+    specs.push({
+      type: 'Warning',
+      reason: EVENT_REASONS.trapMissed,
+      message: `Slurm job ${ctx.jobId ?? '?'} on node ${ctx.batchHost ?? '?'} ended without running the prelude's trap (killed outright: SIGKILL, the OOM killer, or a signal before the trap was set); its socket dir was left on the node and backhaul removed it`,
     });
   }
   if (to === 'tearingDown' && from !== 'tearingDown') {

@@ -32,7 +32,8 @@ export type ShadowPhase =
   /** addresses: the relay's, one per Service group, as it reported them on the node (absent when unread). */
   | { type: 'FORWARDS_READY'; addresses?: string[] }
   | { type: 'SOCKETS_VANISHED' }
-  | { type: 'JOB_ENDED'; state: string }
+  /** trapMissed: the job ended without its trap (its socket dir was left on the node), and the session removed the dir. */
+  | { type: 'JOB_ENDED'; state: string; trapMissed?: true }
   | { type: 'CARRIER_LOST'; reason: string }
   | { type: 'SESSION_FAILED'; error: { kind: string; message: string; permanent: boolean } };
 
@@ -120,13 +121,10 @@ export class ShadowSession {
   private tornDown = false;
   /** The forwards' counters, kept after they are cancelled. */
   private forwardStats: ForwardStats | undefined;
-  /**
-   * The session ends because its job ended: if the job's trap did not run (SIGKILL, the OOM killer, a
-   * TERM before the trap was set), its socket dir stayed, and the teardown removes it (guarded on the
-   * node: renderRemoveDeadJobDir). Not when a newer job of the pod was seen (`successorJob`).
-   */
-  private deadJobDir = false;
+  /** A newer job of the pod, seen while this one was held: the socket dir is that job's, not to remove. */
   private successorJob: string | undefined;
+  /** The removal of the sockets and a dead job's dir, before JOB_ENDED is reported (see clearDeadJob). */
+  private clearing: Promise<boolean> | undefined;
 
   constructor(private readonly opts: ShadowSessionOptions) {}
 
@@ -146,8 +144,8 @@ export class ShadowSession {
         () => undefined,
         () => undefined,
       );
-      const end = (await setUp) ?? (await this.hold());
-      this.deadJobDir = end.type === 'JOB_ENDED' && this.successorJob === undefined;
+      const held = (await setUp) ?? (await this.hold());
+      const end = held.type === 'JOB_ENDED' ? await this.clearDeadJob(held) : held;
       this.report(end);
       await this.close(end.type);
       return end;
@@ -490,21 +488,56 @@ export class ShadowSession {
   }
 
   /**
-   * Removes this session's sockets and, when given, the dead job's dir, in one exec. A dir that was there
-   * to remove means the job died without its trap: the site should hear of it.
+   * The job ended. If its trap did not run (SIGKILL, the OOM killer, a TERM before the trap was set), its
+   * socket dir stayed: remove it with this session's sockets, in one exec (guarded on the node:
+   * renderRemoveDeadJobDir), before JOB_ENDED is reported, so that the report can say so and the pod's
+   * Kubernetes Event tells the user. Not when a newer job of the pod was seen (`successorJob`), nor
+   * without a carrier (the job ended before the node was reached). Bounded: a node that does not answer
+   * delays the report by RELEASE_STEP_MS at most, and the teardown removes the sockets then.
    */
-  private async removeOnNode(carrier: Carrier, owned: ReadonlyMap<string, string>, deadJobDir?: string): Promise<void> {
+  private async clearDeadJob(end: Extract<ShadowEnd, { type: 'JOB_ENDED' }>): Promise<ShadowEnd> {
+    const carrier = this.carrier;
+    if (!carrier || this.successorJob !== undefined || this.abort.signal.aborted) return end;
+    const owned = new Map(this.owned);
+    this.owned.clear();
+    const clearing = this.removeOnNode(carrier, owned, this.opts.plan.socketDir).catch(() => {
+      // Not removed: the teardown tries the sockets again (the dir is for the next session's end).
+      for (const [path, inode] of owned) this.owned.set(path, inode);
+      return false;
+    });
+    this.clearing = clearing;
+    let timer: NodeJS.Timeout | undefined;
+    const trapMissed = await Promise.race([
+      clearing,
+      new Promise<false>((resolve) => {
+        timer = setTimeout(() => resolve(false), RELEASE_STEP_MS);
+      }),
+    ]);
+    clearTimeout(timer);
+    return trapMissed ? { ...end, trapMissed: true } : end;
+  }
+
+  /**
+   * Removes this session's sockets and, when given, the dead job's dir, in one exec. Whether a dir was
+   * there to remove: the job died without its trap, which the site should hear of.
+   */
+  private async removeOnNode(
+    carrier: Carrier,
+    owned: ReadonlyMap<string, string>,
+    deadJobDir?: string,
+  ): Promise<boolean> {
     const { plan } = this.opts;
     const result = await execCapture(carrier.client, '/bin/sh -s', {
       stdin: renderRemoveOwnSockets(owned, deadJobDir),
       timeoutMs: RELEASE_STEP_MS,
     });
-    if (!result.stdout.includes(DEAD_JOB_DIR_REMOVED)) return;
+    if (!result.stdout.includes(DEAD_JOB_DIR_REMOVED)) return false;
     const job = this.job ? `job ${this.job.jobId} on ${this.job.batchHost ?? '?'}` : 'its job';
     this.opts.log.warn(
       `the ${job} of pod ${plan.namespace}/${plan.name} ended without running its trap (SIGKILL, the OOM killer, or a signal before the prelude set it); its socket dir ${plan.socketDir} was left and is now removed`,
       { pod: `${plan.namespace}/${plan.name}`, socketDir: plan.socketDir },
     );
+    return true;
   }
 
   /** Gives back everything held; what is released is forgotten, so it can run again for late arrivals. */
@@ -522,14 +555,12 @@ export class ShadowSession {
     await within(forwards?.cancel(), RELEASE_STEP_MS);
     this.watch?.close();
     if (carrier) {
+      // A dead job's clearing under way uses the carrier: let it end (it gives back what it did not remove).
+      await within(this.clearing, RELEASE_STEP_MS);
       // sshd never unlinks forwarded sockets: remove ours while the carrier can still reach the node.
       const owned = new Map(this.owned);
       this.owned.clear();
-      const deadJobDir = this.deadJobDir ? this.opts.plan.socketDir : undefined;
-      this.deadJobDir = false;
-      if (owned.size > 0 || deadJobDir !== undefined) {
-        await within(this.removeOnNode(carrier, owned, deadJobDir), RELEASE_STEP_MS);
-      }
+      if (owned.size > 0) await within(this.removeOnNode(carrier, owned), RELEASE_STEP_MS);
       carrier.close();
     }
     login?.release();

@@ -2,7 +2,13 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { type Job, WaitingError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { type PodEvent, stateHasTag } from '../machines/pod-machine.js';
-import { reportTunnelLoads, sessionEnds, shadowsHeld, sshCrypto } from '../metrics/fleet-metrics.js';
+import {
+  jobsEndedWithoutTrap,
+  reportTunnelLoads,
+  sessionEnds,
+  shadowsHeld,
+  sshCrypto,
+} from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { readPod } from '../pods/pod-reader.js';
 import { QUEUE_NAMES, type SessionJobData, sendEvent } from '../pods/queues.js';
@@ -34,7 +40,7 @@ function eventOf(phase: ShadowPhase, generation: number, lease: number, hostId: 
     case 'SESSION_FAILED':
       return { type: 'SESSION_FAILED', error: phase.error, generation, lease, at };
     case 'JOB_ENDED':
-      return { type: 'JOB_ENDED', generation, lease, at };
+      return { type: 'JOB_ENDED', ...(phase.trapMissed ? { trapMissed: true } : {}), generation, lease, at };
     case 'FORWARDS_READY':
       return {
         type: 'FORWARDS_READY',
@@ -235,6 +241,7 @@ export class SessionHost {
     try {
       const end = await session.run();
       sessionEnds.inc({ end: end.type });
+      if (end.type === 'JOB_ENDED' && end.trapMissed) jobsEndedWithoutTrap.inc();
       if (end.type === 'CLOSED' && this.handingOver) return await this.handBack(job, token, fence);
       return end;
     } finally {

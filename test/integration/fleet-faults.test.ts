@@ -6,6 +6,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { POD_STATES, type PodStateName } from '../../src/machines/pod-machine.js';
 import { sendEvent } from '../../src/pods/queues.js';
+import { EVENT_REASONS } from '../../src/render/kube-events.js';
 import {
   allActive,
   timelines as allTimelines,
@@ -16,9 +17,17 @@ import {
   stillStored,
   timeline,
 } from '../fixtures/fault-probes.js';
-import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
+import {
+  type ProcessFleetSite,
+  privateRedis,
+  processFleetSite,
+  submitPod,
+  waitForPodState,
+} from '../fixtures/fleet-harness.js';
+import { kubeHarness } from '../fixtures/kube-harness.js';
+import { NO_CLUSTER_CHECKS } from '../fixtures/loopback-site.js';
 import { echoServer, exists, planFor, uid, userProcesses, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, jobState, scancel, scontrol } from '../fixtures/slurm.js';
+import { cancelSubmittedJobs, jobState, killJobProcesses, scancel, scontrol } from '../fixtures/slurm.js';
 import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 /**
@@ -349,6 +358,76 @@ describe('a job cancelled (scancel) under its pod', () => {
     expect((await deps.leases.list()).leases).toEqual([]);
     expect(await userProcesses(h.site.user.name, 'sshd -i')).toEqual([]);
   }, 300_000);
+});
+
+describe('a job killed outright under its pod (SIGKILL to every process: no trap runs)', () => {
+  it("the pod is torn down and forgotten, the dead job's dir removed, and the pod gets a PreludeTrapNotRun Warning naming the job and node", async () => {
+    const kube = await kubeHarness();
+    try {
+      const site = await fleetSite(
+        {},
+        { Kubernetes: { Kubeconfig: kube.kubeconfigFile, ...NO_CLUSTER_CHECKS, PodCondition: false } },
+      );
+      const { h, deps, echo, configPath } = site;
+      const { host } = await startControlAndHost(configPath, 'host-1');
+      const podUid = uid();
+      const forwards = `16400:127.0.0.1:${echo.port}`;
+      const plan = planFor(h, podUid, forwards);
+      const jobId = await submitPod(site, podUid, 'oom-pod', forwards, 'sleep 600\n');
+      await waitForPodState({ deps }, podUid, 'active', 60_000);
+      const killedAt = Date.now();
+      const killed = await killJobProcesses(jobId);
+      const seen = async () =>
+        `killed ${killed.length} processes; ${await timeline(deps, podUid, killedAt)}; Events ${JSON.stringify(
+          kube.api
+            .listEvents('user')
+            .map((e) => [(e as { reason?: string }).reason, (e as { message?: string }).message]),
+        )}; host log: ${host.log().slice(-2000)}`;
+      await waitForPodState({ deps }, podUid, null, 60_000).catch(async (err: Error) => {
+        throw new Error(`${err.message}\n${await seen()}`);
+      });
+      const forgottenMs = Date.now() - killedAt;
+      const warning = await waitFor(
+        'the PreludeTrapNotRun Event',
+        () =>
+          kube.api
+            .listEvents('user')
+            .find(
+              (e) =>
+                (e as { reason?: string }).reason === EVENT_REASONS.trapMissed &&
+                (e.involvedObject as { uid?: string }).uid === podUid,
+            ) as (Record<string, unknown> & { message: string }) | undefined,
+      ).catch(async (err: Error) => {
+        throw new Error(`${err.message}\n${await seen()}`);
+      });
+      const detail = await seen();
+      console.log(
+        `pod forgotten ${forgottenMs} ms after the kill, the Warning seen ${Date.now() - killedAt} ms after: ${detail.slice(0, 600)}`,
+      );
+      expect(warning, detail).toMatchObject({
+        type: 'Warning',
+        involvedObject: { kind: 'Pod', namespace: 'user', name: 'oom-pod', uid: podUid },
+      });
+      expect(warning.message, detail).toContain(
+        `Slurm job ${jobId} on node bhnode1 ended without running the prelude's trap`,
+      );
+      expect(await timeline(deps, podUid), detail).toMatch(/JOB_ENDED:\w+->tearingDown/);
+      expect(await exists(plan.socketDir), detail).toBe(false);
+      expect(host.log(), detail).toContain('ended without running its trap');
+      expect((await deps.leases.list()).leases, detail).toEqual([]);
+      await waitFor(
+        'no process of the job or carrier left',
+        async () =>
+          (await userProcesses(h.site.user.name, plan.socketDir)).length === 0 &&
+          (await userProcesses(h.site.user.name, 'sshd -i')).length === 0
+            ? true
+            : undefined,
+        10_000,
+      );
+    } finally {
+      await kube.close();
+    }
+  }, 180_000);
 });
 
 describe('an endpoint in the cluster down, then up', () => {

@@ -77,6 +77,7 @@ describe.each([
     // The job ended: its trap removed the socket dir, and the session noticed.
     const end = await ended;
     expect(end.type).toBe('JOB_ENDED');
+    expect(end, 'its trap ran').not.toHaveProperty('trapMissed');
     expect(session.stats?.bytesToCluster).toBe(100 * MiB);
     expect(await exists(plan.socketDir)).toBe(false);
   }, 180_000);
@@ -97,6 +98,7 @@ describe.each([
     await session.close('test');
     // Its trap ran and removed the dir: nothing left to report.
     expect(started.warnings.join('\n')).not.toContain('ended without running its trap');
+    expect(end).not.toHaveProperty('trapMissed');
     for (const f of plan.forwards) expect(await exists(f.socketPath)).toBe(false);
     await waitFor('no steps', async () => ((await stepsOf(jobId)).length === 0 ? true : undefined), 10_000);
     await waitFor(
@@ -179,7 +181,9 @@ describe.each([
       for (const f of plan.forwards) expect((await stat(f.socketPath)).isSocket()).toBe(true);
       const end = await Promise.race([started.ended, sleep(20_000).then(() => undefined)]);
       const seen = `${Date.now() - cancelledAt} ms after the job ended; phases ${JSON.stringify(started.phases)}`;
-      expect(end, seen).toMatchObject({ type: 'JOB_ENDED', state: 'CA' });
+      expect(end, seen).toMatchObject({ type: 'JOB_ENDED', state: 'CA', trapMissed: true });
+      // Reported once the dir was removed: the report says so, for the pod's Event.
+      expect(started.phases.at(-1), seen).toEqual({ type: 'JOB_ENDED', state: 'CA', trapMissed: true });
       expect(Date.now() - cancelledAt, seen).toBeLessThan(10_000);
       await started.session.close('test');
       for (const f of plan.forwards) expect(await exists(f.socketPath), seen).toBe(false);
@@ -203,7 +207,8 @@ describe.each([
       const seen = `${Date.now() - killedAt} ms after the kill of ${killed.length} processes; phases ${JSON.stringify(started.phases)}`;
       // The relay's holder, its relaying process, the batch shell and the workload at least.
       expect(killed.length, seen).toBeGreaterThanOrEqual(4);
-      expect(end, seen).toMatchObject({ type: 'JOB_ENDED' });
+      expect(end, seen).toMatchObject({ type: 'JOB_ENDED', trapMissed: true });
+      expect(started.phases.at(-1), seen).toMatchObject({ type: 'JOB_ENDED', trapMissed: true });
       await started.session.close('test');
       for (const f of plan.forwards) expect(await exists(f.socketPath), seen).toBe(false);
       expect(await exists(plan.socketDir), seen).toBe(false);

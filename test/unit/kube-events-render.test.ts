@@ -72,6 +72,36 @@ describe('Kubernetes Events of machine transitions', () => {
     ]);
   });
 
+  it('a job ended without its trap: a Warning naming the job and node, beside the teardown; none when the trap ran', () => {
+    const ended = ctx({ teardownReason: 'job-ended' });
+    const killed = transitionEvents(ended, 'active', 'tearingDown', {
+      type: 'JOB_ENDED',
+      trapMissed: true,
+      generation: 1,
+      at,
+    });
+    expect(killed).toEqual([
+      {
+        type: 'Warning',
+        reason: EVENT_REASONS.trapMissed,
+        message:
+          "Slurm job 77 on node cn01 ended without running the prelude's trap (killed outright: SIGKILL, the OOM killer, or a signal before the trap was set); its socket dir was left on the node and backhaul removed it",
+      },
+      {
+        type: 'Normal',
+        reason: EVENT_REASONS.teardownStarted,
+        message: 'tearing down the reverse forwards: job-ended',
+      },
+    ]);
+    expect(EVENT_REASONS.trapMissed).toBe('PreludeTrapNotRun');
+    const clean = transitionEvents(ended, 'active', 'tearingDown', { type: 'JOB_ENDED', generation: 1, at });
+    expect(clean.map((s) => s.reason)).toEqual([EVENT_REASONS.teardownStarted]);
+    // A stale report (no transition to tearingDown) says nothing.
+    expect(
+      transitionEvents(ended, 'tearingDown', 'tearingDown', { type: 'JOB_ENDED', trapMissed: true, generation: 1, at }),
+    ).toEqual([]);
+  });
+
   it('SOCKS: a Warning once the pod is validated', () => {
     const socks = ctx({ annotations: { [ANNOTATION.socksPort]: '11080' } });
     const specs = transitionEvents(socks, 'validating', 'rendering', { type: 'STEP_DONE', step: 'validate', at });

@@ -1048,9 +1048,17 @@ describe('pod machine: events from queue jobs', () => {
       { type: 'STEP_FAILED', at: T0, step: 'launch', generation: 2, error: SOFT },
       { type: 'DEADLINE', at: T0, name: 'openingCarrier', generation: 1 },
       ...SESSION_REPORT_TYPES.map((type) => report(active, type, T0)),
+      { type: 'JOB_ENDED', at: T0, generation: 1, lease: 3, trapMissed: true },
     ];
     for (const event of events) expect(parsePodEvent(JSON.parse(JSON.stringify(event)))).toEqual({ ok: true, event });
     expect(parsePodEvent({ type: 'SHADOW_UP', at: T0, host: 'h' })).toMatchObject({ ok: false, message: /generation/ });
+    // trapMissed is said only when true: a sender's false or a string is a bug, not a JOB_ENDED to apply.
+    for (const trapMissed of [false, 'yes']) {
+      expect(parsePodEvent({ type: 'JOB_ENDED', at: T0, generation: 1, trapMissed })).toMatchObject({
+        ok: false,
+        message: /trapMissed/,
+      });
+    }
     expect(parsePodEvent({ type: 'NOPE', at: T0 })).toMatchObject({ ok: false });
     expect(parsePodEvent({ type: 'RETRY' })).toMatchObject({ ok: false, message: /at/ });
   });
