@@ -180,6 +180,12 @@ export const backhaulSchema = z.strictObject({
   HistoryTTL: duration(1000).prefault('7d'),
   KeepaliveInterval: duration(100).prefault('2s'),
   SocketCheckInterval: duration(100).prefault('3s'),
+  /**
+   * How often squeue is asked, while a pod's forwards are held, whether its job still runs: a job killed
+   * before its trap (SIGKILL, the OOM killer) leaves its sockets, which the node's watch cannot tell from
+   * a live job's. One squeue per login connection per interval, whatever the number of pods.
+   */
+  JobCheckInterval: duration(1000).prefault('15s'),
   ClusterDomain: z.string().regex(HOST_NAME).default('cluster.local'),
   /**
    * Like a pod's `hostAliases` in Kubernetes: host name → IPv4 address, looked up (case-insensitively)

@@ -1,9 +1,6 @@
-import type { SessionPlan } from '../render/session-plan.js';
-import type { CarrierSite } from './carrier.js';
-import type { DialRules } from './endpoint-dial.js';
 import type { RunOptions } from './login-hop.js';
 import type { ExecResult } from './remote-exec.js';
-import type { ShadowEnd, ShadowPhase } from './shadow-session.js';
+import type { ShadowEnd, ShadowPhase, ShadowSessionOptions } from './shadow-session.js';
 import type { SiteAccessData } from './site-access.js';
 import type { SlurmJob } from './slurm-job.js';
 
@@ -15,18 +12,17 @@ import type { SlurmJob } from './slurm-job.js';
  * Every message is structured-cloned: plain data only.
  */
 
-/** What a thread needs to run one shadow (ShadowSessionOptions without the callbacks and the pool). */
-export interface ShadowStart {
+/**
+ * What a thread needs to run one shadow: ShadowSessionOptions without the callbacks and the pool, so
+ * that every plain-data option reaches the thread (a field listed by hand here was once left behind).
+ */
+export type ShadowStart = Omit<ShadowSessionOptions, ShadowCallbacks> & {
   /** The session host answers `fence` calls for this shadow (its options had a fence). */
   fenced: boolean;
-  plan: SessionPlan;
-  site: CarrierSite;
-  nodeWaitTimeoutMs: number;
-  socketCheckMs?: number;
-  jobPollMs?: number;
-  preludeWaitMs?: number;
-  dialRules: DialRules;
-}
+};
+
+/** The options that are functions or live objects: the thread provides its own (tunnel-thread.ts). */
+export type ShadowCallbacks = 'pool' | 'onPhase' | 'log' | 'fence';
 
 /** The login hop's methods, as calls from a thread to the session host. */
 export type HopCall =

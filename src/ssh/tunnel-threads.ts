@@ -96,7 +96,7 @@ class TunnelThread {
     });
     const held: Held = { opts, ended, end: (e) => end(e), closing: undefined, done: false };
     this.held.set(id, held);
-    const { plan, site, nodeWaitTimeoutMs, socketCheckMs, jobPollMs, preludeWaitMs, dialRules } = opts;
+    const { pool: _pool, onPhase: _onPhase, log: _log, fence, ...data } = opts;
     let started = false;
     return {
       run: () => {
@@ -105,16 +105,7 @@ class TunnelThread {
           this.send({
             type: 'start',
             id,
-            shadow: {
-              fenced: opts.fence !== undefined,
-              plan,
-              site,
-              nodeWaitTimeoutMs,
-              ...(socketCheckMs !== undefined ? { socketCheckMs } : {}),
-              ...(jobPollMs !== undefined ? { jobPollMs } : {}),
-              ...(preludeWaitMs !== undefined ? { preludeWaitMs } : {}),
-              dialRules,
-            },
+            shadow: { ...data, fenced: fence !== undefined },
           });
         }
         return ended;

@@ -210,6 +210,7 @@ export class SessionHost {
       site: this.access.carrier,
       nodeWaitTimeoutMs: deps.config.Network.SSH.NodeWaitTimeout,
       socketCheckMs: deps.config.Backhaul.SocketCheckInterval,
+      jobCheckMs: deps.config.Backhaul.JobCheckInterval,
       dialRules: dialRulesOf(deps.config),
       log: {
         warn: (message, detail) => log.warn(detail ?? {}, message),

@@ -7,6 +7,7 @@ import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { POD_STATES, type PodStateName } from '../../src/machines/pod-machine.js';
 import { sendEvent } from '../../src/pods/queues.js';
 import { EVENT_REASONS } from '../../src/render/kube-events.js';
+import { shellQuote } from '../../src/render/shell-quote.js';
 import {
   allActive,
   timelines as allTimelines,
@@ -27,7 +28,7 @@ import {
 import { kubeHarness } from '../fixtures/kube-harness.js';
 import { NO_CLUSTER_CHECKS } from '../fixtures/loopback-site.js';
 import { echoServer, exists, planFor, uid, userProcesses, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, jobState, killJobProcesses, scancel, scontrol } from '../fixtures/slurm.js';
+import { cancelSubmittedJobs, jobState, killJobProcesses, sbatch, scancel, scontrol } from '../fixtures/slurm.js';
 import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 /**
@@ -428,6 +429,41 @@ describe('a job killed outright under its pod (SIGKILL to every process: no trap
       await kube.close();
     }
   }, 180_000);
+  it('a job whose prelude died before it set its trap (dir and sockets left, no relay), cancelled: with JobCheckInterval 1s squeue ends the pod within seconds, not the default 15 s', async () => {
+    const site = await fleetSite({}, { JobCheckInterval: '1s' });
+    const { h, deps, echo, configPath } = site;
+    const { host } = await startControlAndHost(configPath, 'host-1');
+    const podUid = uid();
+    const forwards = `16401:127.0.0.1:${echo.port}`;
+    const plan = planFor(h, podUid, forwards);
+    // What a prelude killed right after making its socket dir leaves: the dir, no trap, no relay.
+    const dir = shellQuote(plan.socketDir);
+    const script = `#!/bin/sh\nmkdir -p "$(dirname ${dir})"\nmkdir -m 700 ${dir}\nexec sleep 600\n`;
+    const jobId = await sbatch(h.site.user, script, { jobName: podUid });
+    await sendEvent(deps.queues, podUid, {
+      type: 'POD_UPSERT',
+      namespace: 'user',
+      name: 'no-trap-pod',
+      annotations: { 'interlink.eu/reverse-forwards': forwards },
+      at: Date.now(),
+    });
+    await waitForPodState({ deps }, podUid, 'active', 60_000);
+    // Past the first check of a 15 s interval: without the setting the end would be 13 s or more away.
+    await sleep(1_500);
+    await scancel(jobId);
+    const cancelledAt = Date.now();
+    await waitForPodState({ deps }, podUid, null, 30_000);
+    const forgottenMs = Date.now() - cancelledAt;
+    const seen = `forgotten ${forgottenMs} ms after the cancel; ${await timeline(deps, podUid, cancelledAt)}; host log: ${host
+      .log()
+      .slice(-1500)}`;
+    console.log(seen.slice(0, 800));
+    expect(forgottenMs, seen).toBeLessThan(6_000);
+    expect(await timeline(deps, podUid), seen).toMatch(/JOB_ENDED:\w+->tearingDown/);
+    expect(await exists(plan.socketDir), seen).toBe(false);
+    expect(host.log(), seen).toContain(`job ${jobId} on bhnode1`);
+    expect((await deps.leases.list()).leases, seen).toEqual([]);
+  }, 120_000);
 });
 
 describe('an endpoint in the cluster down, then up', () => {

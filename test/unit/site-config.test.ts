@@ -61,6 +61,7 @@ describe('site configuration (ARCHITECTURE.md §3.2)', () => {
       WaitForForwards: 600_000,
     });
     expect(cfg.Backhaul.Redis.URL).toBe('redis://127.0.0.1:6379');
+    expect(cfg.Backhaul).toMatchObject({ SocketCheckInterval: 3_000, JobCheckInterval: 15_000 });
   });
 
   it('reads every key', () => {
@@ -79,6 +80,7 @@ describe('site configuration (ARCHITECTURE.md §3.2)', () => {
 Backhaul:
   Redis: { URL: "redis://redis.backhaul:6379/2" }
   SessionCapacity: 50
+  JobCheckInterval: 1m
 `);
     expect(cfg.Network.SSH.Port).toBe(2222);
     expect(cfg.Network.SSH.NodeWaitTimeout).toBe(1_800_000);
@@ -88,7 +90,11 @@ Backhaul:
       NodeSshPort: 2200,
       WaitForForwards: 90_000,
     });
-    expect(cfg.Backhaul).toMatchObject({ SessionCapacity: 50, Redis: { URL: 'redis://redis.backhaul:6379/2' } });
+    expect(cfg.Backhaul).toMatchObject({
+      SessionCapacity: 50,
+      JobCheckInterval: 60_000,
+      Redis: { URL: 'redis://redis.backhaul:6379/2' },
+    });
   });
 
   it('refuses an unknown key with its path and the keys accepted there', () => {
@@ -112,6 +118,9 @@ Backhaul:
     ['    Reverse: { PythonPath: "python3; rm -rf /" }\n', 'Network.SSH.Reverse.PythonPath'],
     ['    Reverse: { NodeSshPort: 70000 }\n', 'Network.SSH.Reverse.NodeSshPort'],
     ['Backhaul: { RetryLimit: 0 }\n', 'Backhaul.RetryLimit'],
+    // squeue more than once a second per login connection is load on slurmctld for no use.
+    ['Backhaul: { JobCheckInterval: 500ms }\n', 'Backhaul.JobCheckInterval'],
+    ['Backhaul: { JobCheckInterval: often }\n', 'Backhaul.JobCheckInterval'],
   ])('refuses a bad value: %j at %s', (extra, path) => {
     expect(refusal(BASE + extra).field).toBe(path);
   });
