@@ -1037,6 +1037,13 @@ describe('pod machine: version', () => {
 });
 
 describe('pod machine: events from queue jobs', () => {
+  it('parsePodEvent takes an event a newer build sent with a field this build does not know (rolling upgrade)', () => {
+    // A newer session host's JOB_ENDED must still end the pod on an older control worker: the unknown
+    // field is dropped, not a reason to refuse the report (which would leave the pod active for a dead job).
+    const parsed = parsePodEvent({ type: 'JOB_ENDED', at: T0, generation: 2, lease: 4, someFieldOfANewerBuild: 'x' });
+    expect(parsed).toEqual({ ok: true, event: { type: 'JOB_ENDED', at: T0, generation: 2, lease: 4 } });
+  });
+
   it('parsePodEvent accepts every event shape and refuses malformed ones with a path', () => {
     const active = reach('active');
     const events: PodEvent[] = [
