@@ -16,6 +16,8 @@ const IPV4 = /^(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1
 /** Paths end up in shell commands on the login and compute nodes: keep them to a plain character set. */
 const SAFE_PATH = /^\/[A-Za-z0-9._/+-]*$/;
 const SOCKET_ROOT = /^\/(?:[A-Za-z0-9._/+-]|%u)*$/;
+/** Network.SSH.Reverse.SocketRoot when the site gives none: the user's own dir in the node's /tmp. */
+export const DEFAULT_SOCKET_ROOT = '/tmp/backhaul-%u';
 const SAFE_COMMAND = /^[A-Za-z0-9._/+-]+$/;
 const POSIX_USER = /^[a-z_][a-z0-9_.-]{0,31}$/;
 
@@ -45,7 +47,7 @@ export const reverseSchema = z.strictObject({
   SocketRoot: z
     .string()
     .regex(SOCKET_ROOT, 'expected an absolute path of letters, digits and . _ / + -, with %u for the user')
-    .default('/tmp/backhaul-%u'),
+    .default(DEFAULT_SOCKET_ROOT),
   NodeSshPort: port.default(22),
   WaitForForwards: duration().prefault('10m'),
 });

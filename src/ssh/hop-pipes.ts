@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { chmod, lstat, mkdtemp, readdir, rm } from 'node:fs/promises';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -16,6 +16,41 @@ interface Offer {
   timer: NodeJS.Timeout;
 }
 
+/** `bh-pipes-<pid>-XXXXXX`: the session host's pid in the name, so that a later one can tell a dead host's dir. */
+const DIR_PREFIX = 'bh-pipes-';
+const DIR_NAME = /^bh-pipes-(\d+)-[A-Za-z0-9]{6}$/;
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    // EPERM: alive, another user's.
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/**
+ * Removes the pipe dirs in `root` that this user's session hosts left when they died without stopping
+ * (kill -9, the OOM killer): those whose pid is no live process. A pid taken by another process since is
+ * taken as alive, and its dir left to a later start. Symbolic links and other users' entries are left.
+ */
+export async function removeStalePipeDirs(root = tmpdir()): Promise<string[]> {
+  const names = await readdir(root).catch(() => [] as string[]);
+  const uid = process.getuid?.();
+  const removed: string[] = [];
+  for (const name of names) {
+    const pid = Number(DIR_NAME.exec(name)?.[1] ?? Number.NaN);
+    if (!Number.isInteger(pid) || pid <= 0 || pid === process.pid || isAlive(pid)) continue;
+    const path = join(root, name);
+    const entry = await lstat(path).catch(() => undefined);
+    if (!entry?.isDirectory() || entry.uid !== uid) continue;
+    await rm(path, { recursive: true, force: true });
+    removed.push(path);
+  }
+  return removed;
+}
+
 /**
  * Byte pipes from the session host's login channels to its tunnel threads: the jump channel of a node
  * carrier, the `sshd -i` exec channel of an srun carrier. A unix socket, as between OpenSSH's `ssh -W`
@@ -30,12 +65,15 @@ export class HopPipeServer {
     readonly path: string,
     private readonly dir: string,
     private readonly server: Server,
+    /** The dirs of dead session hosts removed at the start (removeStalePipeDirs). */
+    readonly staleRemoved: readonly string[],
   ) {
     server.on('connection', (socket) => this.claim(socket));
   }
 
-  static async start(): Promise<HopPipeServer> {
-    const dir = await mkdtemp(join(tmpdir(), 'bh-pipes-'));
+  static async start(root = tmpdir()): Promise<HopPipeServer> {
+    const staleRemoved = await removeStalePipeDirs(root);
+    const dir = await mkdtemp(join(root, `${DIR_PREFIX}${process.pid}-`));
     const path = join(dir, 'hops.sock');
     // Not half-open: an SSH transport never half-closes, and an EOF must close the pipe (ssh2 only
     // notices a transport's 'close', not its 'end').
@@ -48,7 +86,7 @@ export class HopPipeServer {
       });
     });
     await chmod(path, 0o600);
-    return new HopPipeServer(path, dir, server);
+    return new HopPipeServer(path, dir, server, staleRemoved);
   }
 
   /** Holds `stream` for the thread that connects with the returned token. */

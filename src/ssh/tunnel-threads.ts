@@ -221,6 +221,9 @@ export class TunnelThreads {
     const count = opts.threads;
     if (!Number.isInteger(count) || count < 1) throw new RangeError(`tunnel threads: ${count}, expected 1 or more`);
     const pipes = await HopPipeServer.start();
+    if (pipes.staleRemoved.length > 0) {
+      log.info({ removed: pipes.staleRemoved }, 'removed the pipe dirs of session hosts that died without stopping');
+    }
     const threads = new TunnelThreads(access, opts.login, pipes, log);
     try {
       for (let i = 0; i < count; i++) threads.threads.push(threads.spawn(i));

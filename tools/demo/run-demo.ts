@@ -1,9 +1,10 @@
-import { access, chmod, mkdtemp, rm } from 'node:fs/promises';
+import { access, chmod, lstat, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CliError, EXIT } from '../../src/cli/exit-codes.js';
 import { PodFollower } from '../../src/cli/pod-follow.js';
 import { readPod } from '../../src/pods/pod-reader.js';
+import { DEFAULT_SOCKET_ROOT } from '../../src/spec/site-config.js';
 import type { HistoryEntry } from '../../src/store/snapshot-store.js';
 import { ensureSlurm, SLURM_NODE, SLURM_UP, scancel, slurmDaemons, stopSlurm } from '../sandbox/slurm.js';
 import { ensureUser, lookupUser, removeUser, type TestUser } from '../sandbox/users.js';
@@ -106,6 +107,20 @@ async function siteUser(name: string, cleanup: Cleanup, out: Printer): Promise<T
   out.ok(
     `job user ${user.name} (uid ${user.uid})${existed ? ', already there (kept)' : ': created, removed at the end'}`,
   );
+  if (!existed) {
+    // The job makes the user's socket root on the node (SocketRoot, /tmp/backhaul-%u) and nothing of the
+    // user's removes it, userdel included. One there now was left by an earlier user of this name, whose
+    // uid is another's by now: the job would refuse it as someone else's.
+    const socketRoot = DEFAULT_SOCKET_ROOT.replaceAll('%u', name);
+    const left = await lstat(socketRoot).catch(() => undefined);
+    if (left) {
+      await rm(socketRoot, { recursive: true, force: true });
+      out.ok(`removed ${socketRoot}, left by an earlier user ${name} (uid ${left.uid})`);
+    }
+    cleanup.add(`removed the job user's socket root ${socketRoot}`, () =>
+      rm(socketRoot, { recursive: true, force: true }),
+    );
+  }
   return user;
 }
 
