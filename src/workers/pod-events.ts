@@ -46,6 +46,8 @@ function detailOf(event: PodEvent): string | undefined {
       return event.reason;
     case 'DEADLINE':
       return `${event.name} deadline`;
+    case 'JOB_ENDED':
+      return event.trapMissed ? "without the prelude's trap: its socket dir was left, and removed" : undefined;
     default:
       return undefined;
   }

@@ -412,7 +412,10 @@ describe('a job killed outright under its pod (SIGKILL to every process: no trap
       expect(warning.message, detail).toContain(
         `Slurm job ${jobId} on node bhnode1 ended without running the prelude's trap`,
       );
-      expect(await timeline(deps, podUid), detail).toMatch(/JOB_ENDED:\w+->tearingDown/);
+      // The pod's history says it too (`backhaul status` shows it).
+      expect(await timeline(deps, podUid), detail).toMatch(
+        /JOB_ENDED:\w+->tearingDown \(without the prelude's trap: its socket dir was left, and removed\)/,
+      );
       expect(await exists(plan.socketDir), detail).toBe(false);
       expect(host.log(), detail).toContain('ended without running its trap');
       expect((await deps.leases.list()).leases, detail).toEqual([]);
