@@ -501,7 +501,7 @@ export class ShadowSession {
     const owned = new Map(this.owned);
     this.owned.clear();
     const clearing = this.removeOnNode(carrier, owned, this.opts.plan.socketDir).catch(() => {
-      // Not removed: the teardown tries the sockets again (the dir is for the next session's end).
+      // The node did not answer: the teardown tries the sockets again; the dir stays, as after an srun carrier.
       for (const [path, inode] of owned) this.owned.set(path, inode);
       return false;
     });
