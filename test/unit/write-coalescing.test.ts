@@ -42,10 +42,16 @@ describe('coalesceWrites', () => {
     const log: string[] = [];
     const { stream, writes } = recorder(log, 'a');
     coalesceWrites(stream);
-    // Three timers due at once run in one timers phase, as ready sockets run in one poll phase.
+    // Three timers due at once run in one timers phase, as ready sockets run in one poll phase. Each
+    // setTimeout reads the clock anew, so the three may start a millisecond apart (the test failed so, once,
+    // in a full run): holding this turn for 5 ms makes all of them due when the timers phase comes.
     await new Promise<void>((resolve) => {
       for (const word of ['x', 'y', 'z']) setTimeout(() => stream.write(Buffer.from(word)), 1);
       setTimeout(() => setImmediate(resolve), 1);
+      const until = performance.now() + 5;
+      while (performance.now() < until) {
+        // busy: no turn of the event loop may start before all three are due
+      }
     });
     expect(writes.map((w) => w.toString())).toEqual(['xyz']);
   });
