@@ -18,6 +18,11 @@ const SAFE_PATH = /^\/[A-Za-z0-9._/+-]*$/;
 const SOCKET_ROOT = /^\/(?:[A-Za-z0-9._/+-]|%u)*$/;
 /** Network.SSH.Reverse.SocketRoot when the site gives none: the user's own dir in the node's /tmp. */
 export const DEFAULT_SOCKET_ROOT = '/tmp/backhaul-%u';
+
+/** The socket root a SocketRoot setting names for `user` (`%u` is the user). */
+export function socketRootOf(setting: string, user: string): string {
+  return setting.replaceAll('%u', user);
+}
 const SAFE_COMMAND = /^[A-Za-z0-9._/+-]+$/;
 const POSIX_USER = /^[a-z_][a-z0-9_.-]{0,31}$/;
 
@@ -76,7 +81,7 @@ export const sshSchema = sshFields.transform((ssh) => ({
   ...ssh,
   Reverse: {
     ...ssh.Reverse,
-    SocketRoot: ssh.Reverse.SocketRoot.replaceAll('%u', ssh.User),
+    SocketRoot: socketRootOf(ssh.Reverse.SocketRoot, ssh.User),
     /** The root is the user's own (it had `%u`): the job makes it 0700 and refuses one it does not own. */
     PrivateSocketRoot: ssh.Reverse.SocketRoot.includes('%u'),
   },

@@ -80,17 +80,21 @@ function endOf(job: SlurmJob): ShadowEnd | undefined {
   return job.phase === 'ended' || job.phase === 'ending' ? { type: 'JOB_ENDED', state: job.state } : undefined;
 }
 
-/** Waits for `work` (errors ignored) at most `ms`: a teardown must end even when the node does not answer. */
-async function within(work: Promise<unknown> | undefined, ms: number): Promise<void> {
-  if (!work) return;
+/**
+ * Waits for `work` at most `ms`: a teardown must end even when the node does not answer. Its value, or
+ * undefined when it failed or took longer.
+ */
+async function within<T>(work: Promise<T> | undefined, ms: number): Promise<T | undefined> {
+  if (!work) return undefined;
   let timer: NodeJS.Timeout | undefined;
-  await Promise.race([
+  const value = await Promise.race([
     work.catch(() => undefined),
-    new Promise<void>((resolve) => {
-      timer = setTimeout(resolve, ms);
+    new Promise<undefined>((resolve) => {
+      timer = setTimeout(() => resolve(undefined), ms);
     }),
   ]);
   clearTimeout(timer);
+  return value;
 }
 
 /**
@@ -506,15 +510,7 @@ export class ShadowSession {
       return false;
     });
     this.clearing = clearing;
-    let timer: NodeJS.Timeout | undefined;
-    const trapMissed = await Promise.race([
-      clearing,
-      new Promise<false>((resolve) => {
-        timer = setTimeout(() => resolve(false), RELEASE_STEP_MS);
-      }),
-    ]);
-    clearTimeout(timer);
-    return trapMissed ? { ...end, trapMissed: true } : end;
+    return (await within(clearing, RELEASE_STEP_MS)) ? { ...end, trapMissed: true } : end;
   }
 
   /**

@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
 import { chown, lstat, mkdir } from 'node:fs/promises';
 import { describe, expect, it } from 'vitest';
-import { DEFAULT_SOCKET_ROOT } from '../../src/spec/site-config.js';
+import { DEFAULT_SOCKET_ROOT, socketRootOf } from '../../src/spec/site-config.js';
 import { DEMO_USER } from '../../tools/demo/demo-options.js';
 import { DEMO_MODES } from '../../tools/demo/stack.js';
 import { ensureUser, OTHER_USER } from '../fixtures/users.js';
@@ -47,7 +47,7 @@ describe('npm run demo', () => {
   it.each(DEMO_MODES)('--mode %s runs end to end, prints the service answer and exits 0', async (mode) => {
     // What an earlier demo leaves when its user's uid is another user's by now: the job user's socket
     // root, owned by someone else. The job would refuse it; the demo removes it, and its own at the end.
-    const socketRoot = DEFAULT_SOCKET_ROOT.replaceAll('%u', DEMO_USER);
+    const socketRoot = socketRootOf(DEFAULT_SOCKET_ROOT, DEMO_USER);
     const other = await ensureUser(OTHER_USER);
     await mkdir(socketRoot, { recursive: true, mode: 0o700 });
     await chown(socketRoot, other.uid, other.gid);

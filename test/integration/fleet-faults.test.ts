@@ -7,7 +7,7 @@ import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { POD_STATES, type PodStateName } from '../../src/machines/pod-machine.js';
 import { sendEvent } from '../../src/pods/queues.js';
 import { EVENT_REASONS } from '../../src/render/kube-events.js';
-import { shellQuote } from '../../src/render/shell-quote.js';
+import { ANNOTATION } from '../../src/spec/annotations.js';
 import {
   allActive,
   timelines as allTimelines,
@@ -23,11 +23,20 @@ import {
   privateRedis,
   processFleetSite,
   submitPod,
+  upsert,
   waitForPodState,
 } from '../fixtures/fleet-harness.js';
 import { kubeHarness } from '../fixtures/kube-harness.js';
 import { NO_CLUSTER_CHECKS } from '../fixtures/loopback-site.js';
-import { echoServer, exists, planFor, uid, userProcesses, waitFor } from '../fixtures/shadow-harness.js';
+import {
+  echoServer,
+  exists,
+  planFor,
+  trapLessJobScript,
+  uid,
+  userProcesses,
+  waitFor,
+} from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, jobState, killJobProcesses, sbatch, scancel, scontrol } from '../fixtures/slurm.js';
 import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
@@ -439,17 +448,8 @@ describe('a job killed outright under its pod (SIGKILL to every process: no trap
     const podUid = uid();
     const forwards = `16401:127.0.0.1:${echo.port}`;
     const plan = planFor(h, podUid, forwards);
-    // What a prelude killed right after making its socket dir leaves: the dir, no trap, no relay.
-    const dir = shellQuote(plan.socketDir);
-    const script = `#!/bin/sh\nmkdir -p "$(dirname ${dir})"\nmkdir -m 700 ${dir}\nexec sleep 600\n`;
-    const jobId = await sbatch(h.site.user, script, { jobName: podUid });
-    await sendEvent(deps.queues, podUid, {
-      type: 'POD_UPSERT',
-      namespace: 'user',
-      name: 'no-trap-pod',
-      annotations: { 'interlink.eu/reverse-forwards': forwards },
-      at: Date.now(),
-    });
+    const jobId = await sbatch(h.site.user, trapLessJobScript(plan), { jobName: podUid });
+    await upsert({ deps }, podUid, 'no-trap-pod', { [ANNOTATION.forwards]: forwards });
     await waitForPodState({ deps }, podUid, 'active', 60_000);
     // Past the first check of a 15 s interval: without the setting the end would be 13 s or more away.
     await sleep(1_500);

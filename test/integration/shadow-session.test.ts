@@ -4,7 +4,6 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatAddresses } from '../../src/cli/status-format.js';
-import { shellQuote } from '../../src/render/shell-quote.js';
 import { bindAddress } from '../../src/spec/derivations.js';
 import {
   echoServer,
@@ -15,6 +14,7 @@ import {
   MiB,
   planFor,
   startSession,
+  trapLessJobScript,
   uid,
   userProcesses,
   waitFor,
@@ -165,13 +165,9 @@ describe.each([
   // is a process of the job and ends with it.
   if (mode === 'node') {
     it("a job killed before its trap could run (socket dir and sockets left) ends the session as JOB_ENDED on squeue's word", async () => {
-      // What a prelude killed (SIGKILL, the OOM killer, a TERM before its trap was set) right after
-      // making its socket dir leaves: the dir, no trap to remove it, no relay.
       const podUid = uid();
       const plan = planFor(h, podUid, `15010:127.0.0.1:${echo.port}`);
-      const dir = shellQuote(plan.socketDir);
-      const script = `#!/bin/sh\nmkdir -p "$(dirname ${dir})"\nmkdir -m 700 ${dir}\nexec sleep 600\n`;
-      const jobId = await sbatch(h.site.user, script, { jobName: podUid });
+      const jobId = await sbatch(h.site.user, trapLessJobScript(plan), { jobName: podUid });
       const started = startSession(h, plan, { jobCheckMs: 1_000 });
       await waitForForwards(started, jobId);
       await scancel(jobId);

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { CliError, EXIT } from '../../src/cli/exit-codes.js';
 import { PodFollower } from '../../src/cli/pod-follow.js';
 import { readPod } from '../../src/pods/pod-reader.js';
-import { DEFAULT_SOCKET_ROOT } from '../../src/spec/site-config.js';
+import { DEFAULT_SOCKET_ROOT, socketRootOf } from '../../src/spec/site-config.js';
 import type { HistoryEntry } from '../../src/store/snapshot-store.js';
 import { ensureSlurm, SLURM_NODE, SLURM_UP, scancel, slurmDaemons, stopSlurm } from '../sandbox/slurm.js';
 import { ensureUser, lookupUser, removeUser, type TestUser } from '../sandbox/users.js';
@@ -111,7 +111,7 @@ async function siteUser(name: string, cleanup: Cleanup, out: Printer): Promise<T
     // The job makes the user's socket root on the node (SocketRoot, /tmp/backhaul-%u) and nothing of the
     // user's removes it, userdel included. One there now was left by an earlier user of this name, whose
     // uid is another's by now: the job would refuse it as someone else's.
-    const socketRoot = DEFAULT_SOCKET_ROOT.replaceAll('%u', name);
+    const socketRoot = socketRootOf(DEFAULT_SOCKET_ROOT, name);
     const left = await lstat(socketRoot).catch(() => undefined);
     if (left) {
       await rm(socketRoot, { recursive: true, force: true });
