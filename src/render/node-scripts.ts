@@ -128,13 +128,21 @@ export function parseSocketInodes(output: string, socketPaths: readonly string[]
  * Removes the socket dir of a job that ended without running its trap (SIGKILL, the OOM killer): the
  * hosts file, the relay's copy and files, what sshd bound. Only a real directory of this user, and
  * only while no relay process of its pids file is alive and no socket is left in it (the session's
- * own are removed first: one left is another session's, of a newer job of the pod). Prints
- * DEAD_JOB_DIR_REMOVED when it removed it.
+ * own are removed first: one left is another session's, of a newer job of the pod), and only once it
+ * has outlived a trap that may still be running (2 s). Prints DEAD_JOB_DIR_REMOVED when it removed it.
  */
 export function renderRemoveDeadJobDir(socketDir: string): string {
   const dir = shellQuote(socketDir);
   const pids = shellQuote(`${socketDir}/${RELAY_PIDS_FILE}`);
   return [
+    `[ -d ${dir} ] && [ ! -L ${dir} ] && [ -O ${dir} ] || exit 0`,
+    // A trap in flight (scancel: Slurm's TERM killed the relay, the shell runs its trap once the workload
+    // has exited) removes the dir within milliseconds: give it 2 s before calling the job trapless.
+    't=0',
+    `while [ -d ${dir} ] && [ "$t" -lt 20 ]; do`,
+    '  sleep 0.1 2>/dev/null || { sleep 1; t=$((t + 9)); }',
+    '  t=$((t + 1))',
+    'done',
     `[ -d ${dir} ] && [ ! -L ${dir} ] && [ -O ${dir} ] || exit 0`,
     `for p in $(cat ${pids} 2>/dev/null); do`,
     '  case $p in *[!0-9]*) continue ;; esac',

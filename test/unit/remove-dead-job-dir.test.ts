@@ -57,6 +57,19 @@ describe("the dead job's socket dir, removed by the session's teardown", () => {
     expect(await exists(dir)).toBe(false);
   });
 
+  it("leaves a dir that its job's trap removes meanwhile (scancel: the relay killed, the trap a moment later): no claim", async () => {
+    const dir = join(root, 'bh-trap-in-flight');
+    await leftover(dir, [deadPid()]);
+    // The trap's rm -rf, 300 ms after the script starts (what CI caught: the claim was made in between).
+    const trap = new Promise<void>((resolve) =>
+      setTimeout(() => rm(dir, { recursive: true, force: true }).then(resolve), 300),
+    );
+    const result = await sh(renderRemoveDeadJobDir(dir));
+    await trap;
+    expect(result).toEqual({ code: 0, stdout: '', stderr: '' });
+    expect(await exists(dir)).toBe(false);
+  });
+
   it('removes a dir without a pids file (the job died before its relay wrote one)', async () => {
     const dir = join(root, 'bh-early');
     await mkdir(dir, { mode: 0o700 });
