@@ -33,6 +33,8 @@ export const WATCH_RELAY_DEAD = 'backhaul-relay-dead';
 export const RELAY_PIDS_FILE = 'relay.pids';
 /** The relay's stdout as the prelude keeps it (`ready <address per Service group>`). */
 export const RELAY_READY_FILE = 'relay.ready';
+/** Written by the prelude once its EXIT trap is set: the batch shell's pid (the trap runs in it). */
+export const JOB_SHELL_PID_FILE = 'job-shell.pid';
 
 /**
  * Runs for the life of the forwards: ends, printing WATCH_VANISHED, when the socket dir or one of
@@ -127,23 +129,36 @@ export function parseSocketInodes(output: string, socketPaths: readonly string[]
 /**
  * Removes the socket dir of a job that ended without running its trap (SIGKILL, the OOM killer): the
  * hosts file, the relay's copy and files, what sshd bound. Only a real directory of this user, and
- * only while no relay process of its pids file is alive and no socket is left in it (the session's
- * own are removed first: one left is another session's, of a newer job of the pod), and only once it
- * has outlived a trap that may still be running (2 s). Prints DEAD_JOB_DIR_REMOVED when it removed it.
+ * only once the job's shell (JOB_SHELL_PID_FILE) is gone: the trap runs in that shell, so while it lives
+ * the trap is still to come (Slurm's TERM kills the relay at once, but the shell runs its trap only when
+ * the workload has exited, which may take until KillWait), and once it is gone with the dir still there
+ * the trap did not run. Also only while no relay process of its pids file is alive and no socket is
+ * left in it (the session's own are removed first: one left is another session's, of a newer job of the
+ * pod). A job that died before writing its shell's pid (or an older prelude) gets 2 s for a trap in
+ * flight. Prints DEAD_JOB_DIR_REMOVED when it removed the dir.
  */
 export function renderRemoveDeadJobDir(socketDir: string): string {
   const dir = shellQuote(socketDir);
   const pids = shellQuote(`${socketDir}/${RELAY_PIDS_FILE}`);
+  const shellPid = shellQuote(`${socketDir}/${JOB_SHELL_PID_FILE}`);
   return [
     `[ -d ${dir} ] && [ ! -L ${dir} ] && [ -O ${dir} ] || exit 0`,
-    // A trap in flight (scancel: Slurm's TERM killed the relay, the shell runs its trap once the workload
-    // has exited) removes the dir within milliseconds: give it 2 s before calling the job trapless.
+    'shell_alive() {',
+    `  s=$(cat ${shellPid} 2>/dev/null) || return 1`,
+    '  case $s in "" | *[!0-9]*) return 1 ;; esac',
+    '  kill -0 "$s" 2>/dev/null',
+    '}',
+    // A trap in flight removes the dir within milliseconds of the workload's exit: wait for it while the
+    // shell lives (or, without its pid, for 2 s), up to 2 s.
     't=0',
     `while [ -d ${dir} ] && [ "$t" -lt 20 ]; do`,
+    `  if [ -f ${shellPid} ] && ! shell_alive; then break; fi`,
     '  sleep 0.1 2>/dev/null || { sleep 1; t=$((t + 9)); }',
     '  t=$((t + 1))',
     'done',
     `[ -d ${dir} ] && [ ! -L ${dir} ] && [ -O ${dir} ] || exit 0`,
+    // The shell lives on (a workload that ignores TERM): its trap is still to come.
+    'if shell_alive; then exit 0; fi',
     `for p in $(cat ${pids} 2>/dev/null); do`,
     '  case $p in *[!0-9]*) continue ;; esac',
     '  if kill -0 "$p" 2>/dev/null; then exit 0; fi',

@@ -6,7 +6,7 @@ import type { Forward } from '../spec/reverse-request.js';
 import type { ReverseConfig } from '../spec/site-config.js';
 import { SpecError } from '../spec/spec-error.js';
 import { hostNameGroups, namesByGroup } from './hosts-file.js';
-import { RELAY_READY_FILE } from './node-scripts.js';
+import { JOB_SHELL_PID_FILE, RELAY_READY_FILE } from './node-scripts.js';
 import { hasPrelude, PRELUDE_BEGIN, PRELUDE_END } from './prelude-markers.js';
 import { relaySource } from './relay-source.js';
 import { shellQuote } from './shell-quote.js';
@@ -233,6 +233,9 @@ function cleanupTrap(): string[] {
     "trap 'exit 129' HUP",
     "trap 'exit 130' INT",
     "trap 'exit 143' TERM",
+    // The session host tells a trap still to come (this shell lives) from one that never ran (gone, the
+    // dir left): renderRemoveDeadJobDir.
+    `printf '%s\\n' "$$" >"$bh_dir"/${JOB_SHELL_PID_FILE}`,
   ];
 }
 

@@ -1,3 +1,4 @@
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { readFile, rm, stat } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
@@ -108,6 +109,42 @@ describe.each([
     );
     expect((await jobState(jobId)).state).not.toBe('RUNNING');
   }, 120_000);
+
+  // An srun carrier is a step of the job: Slurm's TERM ends it with the relay, so no clearing is tried.
+  if (mode !== 'srun') {
+    it("a workload that ignores scancel's TERM for a while: JOB_ENDED with no trap claim, and the job's own trap removes the dir later", async () => {
+      // Slurm's TERM kills the relay at once; the batch shell runs its trap only once the workload has
+      // exited (4 s here, within the site's KillWait of 5 s), while squeue already says CG.
+      const podUid = uid();
+      const plan = planFor(h, podUid, `15012:127.0.0.1:${echo.port}`);
+      const body = "echo workload started\n(trap 'sleep 4; exit 0' TERM; sleep 600 & wait $!)\n";
+      const out = join(h.workdir, `${podUid}.out`);
+      const jobId = await sbatch(h.site.user, jobScript(h, plan, body), { jobName: podUid, output: out });
+      const started = startSession(h, plan, { jobCheckMs: 1_000 });
+      await waitForForwards(started, jobId);
+      // Past the prelude (whose wait for the sockets would take the TERM itself).
+      await waitFor('the workload to start', async () => (await readFile(out, 'utf8')).includes('workload started'));
+      const cancelledAt = Date.now();
+      await scancel(jobId);
+      const end = await Promise.race([started.ended, sleep(20_000).then(() => undefined)]);
+      const seen = () =>
+        `${Date.now() - cancelledAt} ms after the cancel; phases ${JSON.stringify(started.phases)}; warnings ${JSON.stringify(started.warnings)}; job output ${JSON.stringify(readFileSync(out, 'utf8'))}; socket dir holds ${JSON.stringify(existsSync(plan.socketDir) ? readdirSync(plan.socketDir) : null)}`;
+      expect(end, seen()).toMatchObject({ type: 'JOB_ENDED' });
+      expect(end, seen()).not.toHaveProperty('trapMissed');
+      await started.session.close('test');
+      expect(started.warnings.join('\n'), seen()).not.toContain('ended without running its trap');
+      await waitFor('the trap to remove the socket dir', async () => !(await exists(plan.socketDir)), 15_000).catch(
+        (err: Error) => {
+          throw new Error(`${err.message}: ${seen()}`);
+        },
+      );
+      await waitFor(
+        'no job processes',
+        async () => ((await userProcesses(h.site.user.name, plan.socketDir)).length === 0 ? true : undefined),
+        10_000,
+      );
+    }, 120_000);
+  }
 
   it("reports the relay's own address when the derived one was taken on the node (status shows which)", async () => {
     const podUid = uid();

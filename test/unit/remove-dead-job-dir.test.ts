@@ -1,10 +1,15 @@
-import { execFile, spawnSync } from 'node:child_process';
+import { execFile, spawn, spawnSync } from 'node:child_process';
 import { mkdir, mkdtemp, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { DEAD_JOB_DIR_REMOVED, RELAY_PIDS_FILE, renderRemoveDeadJobDir } from '../../src/render/node-scripts.js';
+import {
+  DEAD_JOB_DIR_REMOVED,
+  JOB_SHELL_PID_FILE,
+  RELAY_PIDS_FILE,
+  renderRemoveDeadJobDir,
+} from '../../src/render/node-scripts.js';
 
 /** Runs the script as the session host does (`/bin/sh -s`, script on stdin). */
 async function sh(script: string): Promise<{ code: number; stdout: string; stderr: string }> {
@@ -29,9 +34,13 @@ function deadPid(): number {
   return Number(child.stdout.trim());
 }
 
-/** What a job killed without its trap leaves: the prelude's files and the relay's pids. */
-async function leftover(dir: string, pids: readonly number[]): Promise<void> {
+/**
+ * What a job leaves: the prelude's files, its shell's pid (dead unless given: killed without its trap;
+ * null: an older prelude that did not write it) and the relay's pids.
+ */
+async function leftover(dir: string, pids: readonly number[], shell: number | null = deadPid()): Promise<void> {
   await mkdir(dir, { mode: 0o700 });
+  if (shell !== null) await writeFile(join(dir, JOB_SHELL_PID_FILE), `${shell}\n`);
   await writeFile(join(dir, 'hosts'), '127.0.0.1 localhost\n');
   await writeFile(join(dir, 'relay.py'), '# relay\n');
   await writeFile(join(dir, 'relay.ready'), 'ready 127.1.2.3\n');
@@ -59,7 +68,7 @@ describe("the dead job's socket dir, removed by the session's teardown", () => {
 
   it("leaves a dir that its job's trap removes meanwhile (scancel: the relay killed, the trap a moment later): no claim", async () => {
     const dir = join(root, 'bh-trap-in-flight');
-    await leftover(dir, [deadPid()]);
+    await leftover(dir, [deadPid()], process.pid);
     // The trap's rm -rf, 300 ms after the script starts (what CI caught: the claim was made in between).
     const trap = new Promise<void>((resolve) =>
       setTimeout(() => rm(dir, { recursive: true, force: true }).then(resolve), 300),
@@ -67,6 +76,34 @@ describe("the dead job's socket dir, removed by the session's teardown", () => {
     const result = await sh(renderRemoveDeadJobDir(dir));
     await trap;
     expect(result).toEqual({ code: 0, stdout: '', stderr: '' });
+    expect(await exists(dir)).toBe(false);
+  });
+
+  it("the same without the shell's pid (an older prelude): waits 2 s for the trap before it claims", async () => {
+    const dir = join(root, 'bh-trap-in-flight-old');
+    await leftover(dir, [deadPid()], null);
+    const trap = new Promise<void>((resolve) =>
+      setTimeout(() => rm(dir, { recursive: true, force: true }).then(resolve), 300),
+    );
+    const result = await sh(renderRemoveDeadJobDir(dir));
+    await trap;
+    expect(result).toEqual({ code: 0, stdout: '', stderr: '' });
+    expect(await exists(dir)).toBe(false);
+  });
+
+  it("keeps the dir while the job's shell lives (a workload that ignores TERM until KillWait: the trap is still to come), relay gone", async () => {
+    const dir = join(root, 'bh-shell-waits');
+    const shell = spawn('/bin/sh', ['-c', 'sleep 30'], { stdio: 'ignore' });
+    try {
+      await leftover(dir, [deadPid()], shell.pid ?? 0);
+      expect(await sh(renderRemoveDeadJobDir(dir))).toEqual({ code: 0, stdout: '', stderr: '' });
+      expect(await exists(join(dir, 'hosts'))).toBe(true);
+    } finally {
+      shell.kill('SIGKILL');
+    }
+    // Killed (KillWait's SIGKILL, the trap never ran): now it is a dead job's dir.
+    await new Promise((resolve) => shell.once('exit', resolve));
+    expect(await sh(renderRemoveDeadJobDir(dir))).toEqual({ code: 0, stdout: `${DEAD_JOB_DIR_REMOVED}\n`, stderr: '' });
     expect(await exists(dir)).toBe(false);
   });
 
