@@ -101,6 +101,13 @@ describe.each([
     expect(started.warnings.join('\n')).not.toContain('ended without running its trap');
     expect(end).not.toHaveProperty('trapMissed');
     for (const f of plan.forwards) expect(await exists(f.socketPath)).toBe(false);
+    await waitFor('the trap to remove the socket dir', async () => !(await exists(plan.socketDir)), 10_000).catch(
+      (err: Error) => {
+        throw new Error(
+          `${err.message}: it holds ${JSON.stringify(readdirSync(plan.socketDir))}; phases ${JSON.stringify(started.phases)}`,
+        );
+      },
+    );
     await waitFor('no steps', async () => ((await stepsOf(jobId)).length === 0 ? true : undefined), 10_000);
     await waitFor(
       'no job processes',
