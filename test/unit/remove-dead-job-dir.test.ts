@@ -66,22 +66,13 @@ describe("the dead job's socket dir, removed by the session's teardown", () => {
     expect(await exists(dir)).toBe(false);
   });
 
-  it("leaves a dir that its job's trap removes meanwhile (scancel: the relay killed, the trap a moment later): no claim", async () => {
-    const dir = join(root, 'bh-trap-in-flight');
-    await leftover(dir, [deadPid()], process.pid);
+  it.each([
+    ["its shell's pid written (the shell alive while the trap runs)", 'bh-trap-in-flight', process.pid],
+    ['no shell pid (an older prelude): the 2 s wait alone', 'bh-trap-in-flight-old', null],
+  ])("leaves a dir that its job's trap removes meanwhile (scancel: the relay killed, the trap a moment later), %s: no claim", async (_, name, shell) => {
+    const dir = join(root, name);
+    await leftover(dir, [deadPid()], shell);
     // The trap's rm -rf, 300 ms after the script starts (what CI caught: the claim was made in between).
-    const trap = new Promise<void>((resolve) =>
-      setTimeout(() => rm(dir, { recursive: true, force: true }).then(resolve), 300),
-    );
-    const result = await sh(renderRemoveDeadJobDir(dir));
-    await trap;
-    expect(result).toEqual({ code: 0, stdout: '', stderr: '' });
-    expect(await exists(dir)).toBe(false);
-  });
-
-  it("the same without the shell's pid (an older prelude): waits 2 s for the trap before it claims", async () => {
-    const dir = join(root, 'bh-trap-in-flight-old');
-    await leftover(dir, [deadPid()], null);
     const trap = new Promise<void>((resolve) =>
       setTimeout(() => rm(dir, { recursive: true, force: true }).then(resolve), 300),
     );
