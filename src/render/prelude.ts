@@ -218,12 +218,15 @@ function ownPrivateDir(dir: {
 /**
  * Set only once the dir is known to be this user's own: a refused dir must not be removed. HUP, INT
  * and TERM become a plain exit so that the EXIT trap runs in dash too (dash does not run it when a
- * signal kills the shell).
+ * signal kills the shell); inside the cleanup they are ignored.
  */
 function cleanupTrap(): string[] {
   return [
     'bh_relay_pid=',
     'bh_cleanup() {',
+    // A second signal (a TERM again from Slurm or from a second scancel) must not cut the cleanup
+    // short: ignored here, and so in the rm it starts, it would otherwise leave half the dir behind.
+    "  trap '' HUP INT TERM",
     '  if [ -n "$bh_relay_pid" ]; then',
     '    kill "$bh_relay_pid" 2>/dev/null || :',
     '  fi',

@@ -309,6 +309,34 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     for (const pid of relays) expect(await eventually(async () => (await processInfo(pid)) === undefined)).toBe(true);
   }, 60_000);
 
+  it('finishes its cleanup when TERM comes again and again meanwhile (Slurm, a second scancel)', async () => {
+    const uid = newUid('term-again');
+    const dir = socketDir('/tmp', uid);
+    const snippet = STATE_SNIPPET.replace('read -r bh_test_go || :', 'sleep 600');
+    const script = await start(shell, prelude('redis:6379', { WaitForForwards: 1000 }) + snippet, {
+      SLURM_JOB_NAME: uid,
+    });
+    await script.state();
+    // Enough files that the trap's rm takes a while, so that the TERMs below reach it.
+    await execFileAsync('sh', ['-c', 'cd "$1" && seq 20000 | sed s/^/f/ | xargs touch', 'sh', dir]);
+    let signalled = 0;
+    const storm = setInterval(() => {
+      // The shell and every child of it, as a TERM to the whole job does.
+      void execFileAsync('pkill', ['-TERM', '-P', String(script.pid)]).catch(() => undefined);
+      try {
+        process.kill(script.pid, 'SIGTERM');
+        signalled += 1;
+      } catch {
+        // ended
+      }
+    }, 2);
+    const exit = await script.exited.finally(() => clearInterval(storm));
+    const left = gone(dir) ? [] : await readdir(dir);
+    expect(exit.code, `${signalled} TERMs; left in the dir: ${left.length} entries`).toBe(143);
+    expect(left.length, `${signalled} TERMs; stderr ${script.stderr}`).toBe(0);
+    expect(gone(dir)).toBe(true);
+  }, 60_000);
+
   it('appends the hosts file to APPTAINER_BIND and SINGULARITY_BIND, keeping existing binds', async () => {
     const cases: { env: Record<string, string>; apptainer: string; singularity: string }[] = [
       { env: {}, apptainer: 'H', singularity: 'H' },
