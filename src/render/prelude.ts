@@ -237,8 +237,8 @@ function cleanupTrap(): string[] {
     "trap 'exit 130' INT",
     "trap 'exit 143' TERM",
     // The session host tells a trap still to come (this shell lives) from one that never ran (gone, the
-    // dir left): renderRemoveDeadJobDir.
-    `printf '%s\\n' "$$" >"$bh_dir"/${JOB_SHELL_PID_FILE}`,
+    // dir left): renderRemoveDeadJobDir. Without it (a full disk) it waits 2 s instead: not fatal.
+    `printf '%s\\n' "$$" >"$bh_dir"/${JOB_SHELL_PID_FILE} 2>/dev/null || :`,
   ];
 }
 
