@@ -61,6 +61,9 @@ export const podContextSchema = z.object({
   teardownReason: z.string().nullable(),
 }) satisfies z.ZodType<PodContext>;
 
+/** A Slurm job state's name (JobEndedEvent.jobState): it reaches an Event's message and `status`, so nothing else. */
+export const jobStateName = z.string().regex(/^[A-Z][A-Z0-9_]{0,63}$/, 'a Slurm job state (capitals, digits and _)');
+
 const at = { at: ms };
 const gen = { generation: ms };
 /** A session's report: its generation and its lease's fencing token (absent from older senders). */
@@ -80,7 +83,13 @@ export const podEventSchema = z.discriminatedUnion('type', [
   z.object({ type: z.literal('CARRIER_OPEN'), ...at, ...report }),
   z.object({ type: z.literal('FORWARDS_READY'), ...at, ...report, addresses: relayAddresses.optional() }),
   z.object({ type: z.literal('SOCKETS_VANISHED'), ...at, ...report }),
-  z.object({ type: z.literal('JOB_ENDED'), ...at, ...report, trapMissed: z.literal(true).optional() }),
+  z.object({
+    type: z.literal('JOB_ENDED'),
+    ...at,
+    ...report,
+    jobState: jobStateName.optional(),
+    trapMissed: z.literal(true).optional(),
+  }),
   z.object({ type: z.literal('CARRIER_LOST'), ...at, ...report, reason: z.string() }),
   z.object({ type: z.literal('SESSION_FAILED'), ...at, ...report, error: podError }),
 ]) satisfies z.ZodType<PodEvent>;

@@ -173,6 +173,11 @@ export interface SocketsVanishedEvent extends Report {
 }
 export interface JobEndedEvent extends Report {
   type: 'JOB_ENDED';
+  /**
+   * The job's state as the session last saw it, by its long name (OUT_OF_MEMORY, CANCELLED, COMPLETING…;
+   * GONE when squeue no longer lists it). Absent from older senders.
+   */
+  jobState?: string;
   /** The job ended without its trap: its socket dir was left on the node, and the session removed it. */
   trapMissed?: true;
 }

@@ -141,7 +141,7 @@ export function transitionEvents(
     specs.push({
       type: 'Warning',
       reason: EVENT_REASONS.trapMissed,
-      message: `Slurm job ${ctx.jobId ?? '?'} on node ${ctx.batchHost ?? '?'} ended without running the prelude's trap (killed outright: SIGKILL, the OOM killer, or a signal before the trap was set); its socket dir was left on the node and backhaul removed it`,
+      message: `Slurm job ${ctx.jobId ?? '?'} on node ${ctx.batchHost ?? '?'}${event.jobState ? ` (${event.jobState})` : ''} ended without running the prelude's trap (killed outright: SIGKILL, the OOM killer, or a signal before the trap was set); its socket dir was left on the node and backhaul removed it`,
     });
   }
   if (to === 'tearingDown' && from !== 'tearingDown') {

@@ -9,37 +9,42 @@ import { isSlurmNodeName } from '../spec/host-names.js';
 /** Where a job is in its life, as the shadow session cares about it. */
 export type JobPhase = 'pending' | 'running' | 'suspended' | 'ending' | 'ended';
 
-/** squeue's compact states (`%t`), every one Slurm 22.05–24.x prints. */
-const PHASE_OF_STATE: Readonly<Record<string, JobPhase>> = {
-  PD: 'pending', // PENDING
-  CF: 'pending', // CONFIGURING: nodes booting
-  RQ: 'pending', // REQUEUED
-  RH: 'pending', // REQUEUE_HOLD
-  RF: 'pending', // REQUEUE_FED
-  RD: 'pending', // RESV_DEL_HOLD
-  RS: 'running', // RESIZING
-  R: 'running',
-  SI: 'running', // SIGNALING
-  SO: 'running', // STAGE_OUT: the batch script has ended
-  S: 'suspended', // SUSPENDED
-  ST: 'suspended', // STOPPED (SIGSTOP)
-  CG: 'ending', // COMPLETING
-  CD: 'ended', // COMPLETED
-  CA: 'ended', // CANCELLED
-  F: 'ended', // FAILED
-  TO: 'ended', // TIMEOUT
-  PR: 'ended', // PREEMPTED
-  NF: 'ended', // NODE_FAIL
-  BF: 'ended', // BOOT_FAIL
-  DL: 'ended', // DEADLINE
-  OOM: 'ended', // OUT_OF_MEMORY
-  SE: 'ended', // SPECIAL_EXIT
-  RV: 'ended', // REVOKED
+/** squeue's compact states (`%t`), every one Slurm 22.05–24.x prints, with their long names (sacct's). */
+const STATES: Readonly<Record<string, readonly [JobPhase, string]>> = {
+  PD: ['pending', 'PENDING'],
+  CF: ['pending', 'CONFIGURING'], // nodes booting
+  RQ: ['pending', 'REQUEUED'],
+  RH: ['pending', 'REQUEUE_HOLD'],
+  RF: ['pending', 'REQUEUE_FED'],
+  RD: ['pending', 'RESV_DEL_HOLD'],
+  RS: ['running', 'RESIZING'],
+  R: ['running', 'RUNNING'],
+  SI: ['running', 'SIGNALING'],
+  SO: ['running', 'STAGE_OUT'], // the batch script has ended
+  S: ['suspended', 'SUSPENDED'],
+  ST: ['suspended', 'STOPPED'], // SIGSTOP
+  CG: ['ending', 'COMPLETING'],
+  CD: ['ended', 'COMPLETED'],
+  CA: ['ended', 'CANCELLED'],
+  F: ['ended', 'FAILED'],
+  TO: ['ended', 'TIMEOUT'],
+  PR: ['ended', 'PREEMPTED'],
+  NF: ['ended', 'NODE_FAIL'],
+  BF: ['ended', 'BOOT_FAIL'],
+  DL: ['ended', 'DEADLINE'],
+  OOM: ['ended', 'OUT_OF_MEMORY'],
+  SE: ['ended', 'SPECIAL_EXIT'],
+  RV: ['ended', 'REVOKED'],
 };
 
 export function jobPhase(state: string): JobPhase {
   // An unknown state is treated as pending: waiting is safe, declaring the job over is not.
-  return PHASE_OF_STATE[state] ?? 'pending';
+  return STATES[state]?.[0] ?? 'pending';
+}
+
+/** A compact state's long name (OOM → OUT_OF_MEMORY), as users know it from sacct; others as they are. */
+export function slurmStateName(state: string): string {
+  return STATES[state]?.[1] ?? state;
 }
 
 export interface SlurmJob {

@@ -46,8 +46,10 @@ function detailOf(event: PodEvent): string | undefined {
       return event.reason;
     case 'DEADLINE':
       return `${event.name} deadline`;
-    case 'JOB_ENDED':
-      return event.trapMissed ? "without the prelude's trap: its socket dir was left, and removed" : undefined;
+    case 'JOB_ENDED': {
+      const trap = event.trapMissed ? "without the prelude's trap: its socket dir was left, and removed" : undefined;
+      return [event.jobState, trap].filter((part) => part !== undefined).join(', ') || undefined;
+    }
     default:
       return undefined;
   }

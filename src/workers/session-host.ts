@@ -2,6 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { type Job, WaitingError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { type PodEvent, stateHasTag } from '../machines/pod-machine.js';
+import { jobStateName } from '../machines/pod-schema.js';
 import {
   jobsEndedWithoutTrap,
   reportTunnelLoads,
@@ -17,6 +18,7 @@ import { dialRulesOf } from '../ssh/endpoint-dial.js';
 import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
 import { ShadowSession, type ShadowSessionOptions } from '../ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../ssh/site-access.js';
+import { slurmStateName } from '../ssh/slurm-job.js';
 import { autoTunnelThreads, type Shadow, TunnelThreads } from '../ssh/tunnel-threads.js';
 
 /**
@@ -39,8 +41,18 @@ function eventOf(phase: ShadowPhase, generation: number, lease: number, hostId: 
       return { type: 'CARRIER_LOST', reason: phase.reason, generation, lease, at };
     case 'SESSION_FAILED':
       return { type: 'SESSION_FAILED', error: phase.error, generation, lease, at };
-    case 'JOB_ENDED':
-      return { type: 'JOB_ENDED', ...(phase.trapMissed ? { trapMissed: true } : {}), generation, lease, at };
+    case 'JOB_ENDED': {
+      const jobState = slurmStateName(phase.state);
+      return {
+        type: 'JOB_ENDED',
+        // A state squeue printed that is no name (a newer Slurm's?) is left out, not a refused report.
+        ...(jobStateName.safeParse(jobState).success ? { jobState } : {}),
+        ...(phase.trapMissed ? { trapMissed: true } : {}),
+        generation,
+        lease,
+        at,
+      };
+    }
     case 'FORWARDS_READY':
       return {
         type: 'FORWARDS_READY',

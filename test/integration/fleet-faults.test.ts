@@ -418,12 +418,13 @@ describe('a job killed outright under its pod (SIGKILL to every process: no trap
         type: 'Warning',
         involvedObject: { kind: 'Pod', namespace: 'user', name: 'oom-pod', uid: podUid },
       });
-      expect(warning.message, detail).toContain(
-        `Slurm job ${jobId} on node bhnode1 ended without running the prelude's trap`,
+      // With the job's state as the session last saw it, by its sacct name.
+      expect(warning.message, detail).toMatch(
+        new RegExp(`^Slurm job ${jobId} on node bhnode1 \\([A-Z_]+\\) ended without running the prelude's trap`),
       );
       // The pod's history says it too (`backhaul status` shows it).
       expect(await timeline(deps, podUid), detail).toMatch(
-        /JOB_ENDED:\w+->tearingDown \(without the prelude's trap: its socket dir was left, and removed\)/,
+        /JOB_ENDED:\w+->tearingDown \([A-Z_]+, without the prelude's trap: its socket dir was left, and removed\)/,
       );
       expect(await exists(plan.socketDir), detail).toBe(false);
       expect(host.log(), detail).toContain('ended without running its trap');

@@ -94,6 +94,17 @@ describe('Kubernetes Events of machine transitions', () => {
       },
     ]);
     expect(EVENT_REASONS.trapMissed).toBe('PreludeTrapNotRun');
+    // With the job's state, the Warning says it (OUT_OF_MEMORY tells the user what to change).
+    const oom = transitionEvents(ended, 'active', 'tearingDown', {
+      type: 'JOB_ENDED',
+      jobState: 'OUT_OF_MEMORY',
+      trapMissed: true,
+      generation: 1,
+      at,
+    });
+    expect(oom[0]?.message).toMatch(
+      /^Slurm job 77 on node cn01 \(OUT_OF_MEMORY\) ended without running the prelude's trap/,
+    );
     const clean = transitionEvents(ended, 'active', 'tearingDown', { type: 'JOB_ENDED', generation: 1, at });
     expect(clean.map((s) => s.reason)).toEqual([EVENT_REASONS.teardownStarted]);
     // A stale report (no transition to tearingDown) says nothing.

@@ -1056,6 +1056,8 @@ describe('pod machine: events from queue jobs', () => {
       { type: 'DEADLINE', at: T0, name: 'openingCarrier', generation: 1 },
       ...SESSION_REPORT_TYPES.map((type) => report(active, type, T0)),
       { type: 'JOB_ENDED', at: T0, generation: 1, lease: 3, trapMissed: true },
+      { type: 'JOB_ENDED', at: T0, generation: 1, lease: 3, jobState: 'OUT_OF_MEMORY', trapMissed: true },
+      { type: 'JOB_ENDED', at: T0, generation: 1, jobState: 'REPLACED_BY_4242_7' },
     ];
     for (const event of events) expect(parsePodEvent(JSON.parse(JSON.stringify(event)))).toEqual({ ok: true, event });
     expect(parsePodEvent({ type: 'SHADOW_UP', at: T0, host: 'h' })).toMatchObject({ ok: false, message: /generation/ });
@@ -1064,6 +1066,13 @@ describe('pod machine: events from queue jobs', () => {
       expect(parsePodEvent({ type: 'JOB_ENDED', at: T0, generation: 1, trapMissed })).toMatchObject({
         ok: false,
         message: /trapMissed/,
+      });
+    }
+    // The job state reaches an Event and `status`: a Slurm state's name or nothing.
+    for (const jobState of ['', 'oom', 'OOM; rm -rf /', 'A'.repeat(65), 7]) {
+      expect(parsePodEvent({ type: 'JOB_ENDED', at: T0, generation: 1, jobState })).toMatchObject({
+        ok: false,
+        message: /jobState/,
       });
     }
     expect(parsePodEvent({ type: 'NOPE', at: T0 })).toMatchObject({ ok: false });

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { validateBatchHost } from '../../src/render/carrier-command.js';
-import { currentJob, jobPhase, parseSqueue, squeueCommand } from '../../src/ssh/slurm-job.js';
+import { currentJob, jobPhase, parseSqueue, slurmStateName, squeueCommand } from '../../src/ssh/slurm-job.js';
 
 describe('squeue parsing', () => {
   it.each([
@@ -19,6 +19,15 @@ describe('squeue parsing', () => {
     ['NF', 'ended'],
     ['XX', 'pending'],
   ])('state %s is %s', (state, phase) => expect(jobPhase(state)).toBe(phase));
+
+  it.each([
+    ['OOM', 'OUT_OF_MEMORY'],
+    ['CA', 'CANCELLED'],
+    ['CG', 'COMPLETING'],
+    ['NF', 'NODE_FAIL'],
+    ['GONE', 'GONE'],
+    ['XX', 'XX'],
+  ])('state %s is called %s (as sacct does)', (state, name) => expect(slurmStateName(state)).toBe(name));
 
   it('reads id, state, batch host and name, and ignores junk lines', () => {
     const jobs = parseSqueue(
