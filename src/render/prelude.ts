@@ -60,9 +60,10 @@ export function renderPrelude(request: PreludeRequest, settings: PreludeSettings
     PRELUDE_BEGIN,
     '# Reverse forwards of this pod (backhaul). The admission webhook rewrites this block.',
     ...header(settings.PythonPath, relay, settings.SocketRoot),
+    ...cleanupTrap(),
     ...(settings.PrivateSocketRoot ? privateSocketRoot(settings.SocketRoot) : []),
     ...socketDirSetup(),
-    ...cleanupTrap(),
+    ...shellPidFile(),
     // The relay picks the address (another one if the derived one is taken), so the hosts file comes after it.
     ...(forwards.length > 0 ? startRelay(forwards) : []),
     ...hostsFile(namesByGroup(forwards)),
@@ -216,9 +217,12 @@ function ownPrivateDir(dir: {
 }
 
 /**
- * Set only once the dir is known to be this user's own: a refused dir must not be removed. HUP, INT
- * and TERM become a plain exit so that the EXIT trap runs in dash too (dash does not run it when a
- * signal kills the shell); inside the cleanup they are ignored.
+ * Set before the socket dir is made: a TERM that lands while `mkdir` runs is handled when it returns,
+ * and without a trap by then the shell dies and leaves the new dir behind (seen in CI: an empty socket
+ * dir of a job cancelled at its start). So the cleanup removes only a real directory of this user: a
+ * refused one (another user's, a symbolic link) stays. HUP, INT and TERM become a plain exit so that
+ * the EXIT trap runs in dash too (dash does not run it when a signal kills the shell); inside the
+ * cleanup they are ignored.
  */
 function cleanupTrap(): string[] {
   return [
@@ -230,16 +234,23 @@ function cleanupTrap(): string[] {
     '  if [ -n "$bh_relay_pid" ]; then',
     '    kill "$bh_relay_pid" 2>/dev/null || :',
     '  fi',
-    '  rm -rf -- "$bh_dir"',
+    '  if [ -d "$bh_dir" ] && [ ! -L "$bh_dir" ] && [ -O "$bh_dir" ]; then',
+    '    rm -rf -- "$bh_dir"',
+    '  fi',
     '}',
     'trap bh_cleanup EXIT',
     "trap 'exit 129' HUP",
     "trap 'exit 130' INT",
     "trap 'exit 143' TERM",
-    // The session host tells a trap still to come (this shell lives) from one that never ran (gone, the
-    // dir left): renderRemoveDeadJobDir. Without it (a full disk) it waits 2 s instead: not fatal.
-    `printf '%s\\n' "$$" >"$bh_dir"/${JOB_SHELL_PID_FILE} 2>/dev/null || :`,
   ];
+}
+
+/**
+ * The session host tells a trap still to come (this shell lives) from one that never ran (gone, the dir
+ * left): renderRemoveDeadJobDir. Without it (a full disk) it waits 2 s instead: not fatal.
+ */
+function shellPidFile(): string[] {
+  return [`printf '%s\\n' "$$" >"$bh_dir"/${JOB_SHELL_PID_FILE} 2>/dev/null || :`];
 }
 
 /**

@@ -14,6 +14,7 @@ import {
   writeFile,
 } from 'node:fs/promises';
 import net from 'node:net';
+import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type PreludeSettings, renderPrelude } from '../../src/render/prelude.js';
@@ -307,6 +308,28 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     expect(exit.code).toBe(143);
     expect(gone(dir)).toBe(true);
     for (const pid of relays) expect(await eventually(async () => (await processInfo(pid)) === undefined)).toBe(true);
+  }, 60_000);
+
+  it('cleans up after a TERM that lands while it makes the socket dir (scancel at the job start)', async () => {
+    const uid = newUid('term-mkdir');
+    const dir = socketDir('/tmp', uid);
+    // A mkdir that takes its time after making the dir, so that the TERM lands while it runs.
+    const bin = await mkdtemp('/tmp/bh-slow-mkdir-');
+    extraPaths.push(bin);
+    await writeFile(join(bin, 'mkdir'), '#!/bin/sh\n/bin/mkdir "$@" || exit\necho made\nsleep 1\n', {
+      mode: 0o755,
+    });
+    await chmod(bin, 0o755);
+    const script = await start(shell, prelude('redis:6379', { WaitForForwards: 1000 }) + STATE_SNIPPET, {
+      SLURM_JOB_NAME: uid,
+      PATH: `${bin}:/usr/local/bin:/usr/bin:/bin`,
+    });
+    await script.waitFor(/made/);
+    expect(gone(dir), 'the dir made').toBe(false);
+    process.kill(script.pid, 'SIGTERM');
+    const exit = await script.exited;
+    expect(exit.code, script.stderr).toBe(143);
+    expect(gone(dir), `left behind: ${gone(dir) ? '' : JSON.stringify(await readdir(dir))}`).toBe(true);
   }, 60_000);
 
   it('finishes its cleanup when TERM comes again and again meanwhile (Slurm, a second scancel)', async () => {
