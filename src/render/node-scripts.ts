@@ -132,10 +132,12 @@ export function parseSocketInodes(output: string, socketPaths: readonly string[]
  * only once the job's shell (JOB_SHELL_PID_FILE) is gone: the trap runs in that shell, so while it lives
  * the trap is still to come (Slurm's TERM kills the relay at once, but the shell runs its trap only when
  * the workload has exited, which may take until KillWait), and once it is gone with the dir still there
- * the trap did not run. Also only while no relay process of its pids file is alive and no socket is
- * left in it (the session's own are removed first: one left is another session's, of a newer job of the
- * pod). A job that died before writing its shell's pid (or an older prelude) gets 2 s for a trap in
- * flight. Prints DEAD_JOB_DIR_REMOVED when it removed the dir.
+ * the trap did not run. Also only once no relay process of its pids file is alive (it follows its
+ * shell within half a second) and no socket is left in it (the session's own are removed first: one
+ * left is another session's, of a newer job of the pod). A job that died before writing its shell's
+ * pid (or an older prelude) gets 2 s for a trap in flight, and a live relay then means the job is
+ * ending. At most 3.5 s, within the session's 5 s for the step. Prints DEAD_JOB_DIR_REMOVED when it
+ * removed the dir.
  */
 export function renderRemoveDeadJobDir(socketDir: string): string {
   const dir = shellQuote(socketDir);
@@ -148,21 +150,34 @@ export function renderRemoveDeadJobDir(socketDir: string): string {
     '  case $s in "" | *[!0-9]*) return 1 ;; esac',
     '  kill -0 "$s" 2>/dev/null',
     '}',
+    'relay_alive() {',
+    `  for p in $(cat ${pids} 2>/dev/null); do`,
+    '    case $p in *[!0-9]*) continue ;; esac',
+    '    if kill -0 "$p" 2>/dev/null; then return 0; fi',
+    '  done',
+    '  return 1',
+    '}',
+    'tick() {',
+    '  sleep 0.1 2>/dev/null || { sleep 1; t=$((t + 9)); }',
+    '  t=$((t + 1))',
+    '}',
     // A trap in flight removes the dir within milliseconds of the workload's exit: wait for it while the
     // shell lives (or, without its pid, for 2 s), up to 2 s.
     't=0',
     `while [ -d ${dir} ] && [ "$t" -lt 20 ]; do`,
     `  if [ -f ${shellPid} ] && ! shell_alive; then break; fi`,
-    '  sleep 0.1 2>/dev/null || { sleep 1; t=$((t + 9)); }',
-    '  t=$((t + 1))',
+    '  tick',
     'done',
     `[ -d ${dir} ] && [ ! -L ${dir} ] && [ -O ${dir} ] || exit 0`,
     // The shell lives on (a workload that ignores TERM): its trap is still to come.
     'if shell_alive; then exit 0; fi',
-    `for p in $(cat ${pids} 2>/dev/null); do`,
-    '  case $p in *[!0-9]*) continue ;; esac',
-    '  if kill -0 "$p" 2>/dev/null; then exit 0; fi',
-    'done',
+    // Gone, with its dir left: the trap did not run. Its relay follows it within half a second (it
+    // watches the shell); up to 1.5 s. Without the shell's pid, a live relay means the job is ending.
+    `if [ -f ${shellPid} ]; then`,
+    '  t=0',
+    '  while relay_alive && [ "$t" -lt 15 ]; do tick; done',
+    'fi',
+    'if relay_alive; then exit 0; fi',
     `for s in ${dir}/*.sock; do`,
     '  if [ -S "$s" ]; then exit 0; fi',
     'done',

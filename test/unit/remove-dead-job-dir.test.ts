@@ -98,6 +98,15 @@ describe("the dead job's socket dir, removed by the session's teardown", () => {
     expect(await exists(dir)).toBe(false);
   });
 
+  it('the shell killed (no trap) while its relay lives a moment longer: waits for the relay, then removes and claims', async () => {
+    const dir = join(root, 'bh-relay-follows');
+    // The relay sees its shell gone within half a second and exits.
+    const relay = spawn('/bin/sh', ['-c', 'sleep 0.5'], { stdio: 'ignore' });
+    await leftover(dir, [deadPid(), relay.pid ?? 0]);
+    expect(await sh(renderRemoveDeadJobDir(dir))).toEqual({ code: 0, stdout: `${DEAD_JOB_DIR_REMOVED}\n`, stderr: '' });
+    expect(await exists(dir)).toBe(false);
+  });
+
   it('removes a dir without a pids file (the job died before its relay wrote one)', async () => {
     const dir = join(root, 'bh-early');
     await mkdir(dir, { mode: 0o700 });
@@ -106,9 +115,9 @@ describe("the dead job's socket dir, removed by the session's teardown", () => {
     expect(await exists(dir)).toBe(false);
   });
 
-  it('keeps the dir while a relay process of it lives (the job is ending: its own trap is still to come)', async () => {
+  it("without the shell's pid (an older prelude), keeps the dir while a relay process of it lives (the job is ending: its own trap is still to come)", async () => {
     const dir = join(root, 'bh-ending');
-    await leftover(dir, [deadPid(), process.pid]);
+    await leftover(dir, [deadPid(), process.pid], null);
     expect(await sh(renderRemoveDeadJobDir(dir))).toEqual({ code: 0, stdout: '', stderr: '' });
     expect(await exists(join(dir, 'hosts'))).toBe(true);
   });
