@@ -25,6 +25,23 @@ export function renderPrepareSockets(socketDir: string, socketPaths: readonly st
   ].join('\n');
 }
 
+/**
+ * `relay_alive`: whether a process of the relay's pids file answers `kill -0` (the user's own processes).
+ * Without the file it answers `withoutFile`: the watch takes a prelude too old to write one for alive.
+ */
+function relayAliveFunction(pids: string, withoutFile: 'alive' | 'dead'): string[] {
+  return [
+    'relay_alive() {',
+    ...(withoutFile === 'alive' ? [`  [ -f ${pids} ] || return 0`] : []),
+    `  for p in $(cat ${pids} 2>/dev/null); do`,
+    '    case $p in *[!0-9]*) continue ;; esac',
+    '    if kill -0 "$p" 2>/dev/null; then return 0; fi',
+    '  done',
+    '  return 1',
+    '}',
+  ];
+}
+
 /** Token the watch prints when the socket dir or a socket is gone. */
 export const WATCH_VANISHED = 'backhaul-vanished';
 /** Token the watch prints when every process of the job's relay is gone while its sockets remain. */
@@ -51,14 +68,7 @@ export function renderSocketWatch(socketDir: string, socketPaths: readonly strin
   const pids = shellQuote(`${socketDir}/${RELAY_PIDS_FILE}`);
   const checks = [`[ -d ${dir} ]`, ...socketPaths.map((p) => `[ -S ${shellQuote(p)} ]`)];
   return [
-    'relay_alive() {',
-    `  [ -f ${pids} ] || return 0`,
-    `  for p in $(cat ${pids} 2>/dev/null); do`,
-    '    case $p in *[!0-9]*) continue ;; esac',
-    '    if kill -0 "$p" 2>/dev/null; then return 0; fi',
-    '  done',
-    '  return 1',
-    '}',
+    ...relayAliveFunction(pids, 'alive'),
     `while ${checks.join(' && ')}; do`,
     '  if ! relay_alive; then',
     '    sleep 2',
@@ -144,19 +154,14 @@ export function renderRemoveDeadJobDir(socketDir: string): string {
   const pids = shellQuote(`${socketDir}/${RELAY_PIDS_FILE}`);
   const shellPid = shellQuote(`${socketDir}/${JOB_SHELL_PID_FILE}`);
   return [
-    `[ -d ${dir} ] && [ ! -L ${dir} ] && [ -O ${dir} ] || exit 0`,
+    `own_dir() { [ -d ${dir} ] && [ ! -L ${dir} ] && [ -O ${dir} ]; }`,
+    'own_dir || exit 0',
     'shell_alive() {',
     `  s=$(cat ${shellPid} 2>/dev/null) || return 1`,
     '  case $s in "" | *[!0-9]*) return 1 ;; esac',
     '  kill -0 "$s" 2>/dev/null',
     '}',
-    'relay_alive() {',
-    `  for p in $(cat ${pids} 2>/dev/null); do`,
-    '    case $p in *[!0-9]*) continue ;; esac',
-    '    if kill -0 "$p" 2>/dev/null; then return 0; fi',
-    '  done',
-    '  return 1',
-    '}',
+    ...relayAliveFunction(pids, 'dead'),
     'tick() {',
     '  sleep 0.1 2>/dev/null || { sleep 1; t=$((t + 9)); }',
     '  t=$((t + 1))',
@@ -168,7 +173,7 @@ export function renderRemoveDeadJobDir(socketDir: string): string {
     `  if [ -f ${shellPid} ] && ! shell_alive; then break; fi`,
     '  tick',
     'done',
-    `[ -d ${dir} ] && [ ! -L ${dir} ] && [ -O ${dir} ] || exit 0`,
+    'own_dir || exit 0',
     // The shell lives on (a workload that ignores TERM): its trap is still to come.
     'if shell_alive; then exit 0; fi',
     // Gone, with its dir left: the trap did not run. Its relay follows it within half a second (it
