@@ -4,21 +4,19 @@ import { type FleetDeps, fleetDeps, type PodReadDeps, podReadDeps } from '../pod
 import { createRedis } from '../store/redis.js';
 import { CliError, EXIT } from './exit-codes.js';
 import { type ConfigOption, loadSiteConfig } from './inputs.js';
+import { passwordOnCommandLine, type RedisTarget, type RedisTargetFlags, redisTarget } from './redis-target.js';
 
-export interface FleetOption extends ConfigOption {
-  redis?: string;
-}
+export interface FleetOption extends ConfigOption, RedisTargetFlags {}
 
 /**
- * Connects a one-shot command to the fleet's Redis (`--redis`, else REDIS_URL, else the site config's).
- * Redis is reached before anything else is set up, so an unreachable server is one line and exit 1
- * within a second or so — not the queues' own connection errors printed by BullMQ, one per queue.
+ * Connects a one-shot command to the fleet's Redis (`redisTarget`: `--redis`, else REDIS_URL, else the
+ * site config's; the password from a file or the environment). Redis is reached before anything else is
+ * set up, so an unreachable server is one line and exit 1 within a second or so — not the queues' own
+ * connection errors printed by BullMQ, one per queue.
  */
 export async function withFleet<T>(opts: FleetOption, use: (deps: FleetDeps) => Promise<T>): Promise<T> {
   const config = await loadSiteConfig(opts);
-  // An empty REDIS_URL is unset, not "connect to the default".
-  const url = opts.redis ?? (process.env.REDIS_URL || config.Backhaul.Redis.URL);
-  const redis = await connectRedis(url);
+  const redis = await connectRedis(redisTarget(opts, config));
   const deps = fleetDeps(config, redis, process.env.BACKHAUL_LOG_LEVEL ? createLogger('backhaul') : silentLogger());
   try {
     return await use(deps);
@@ -33,17 +31,9 @@ export async function withFleet<T>(opts: FleetOption, use: (deps: FleetDeps) => 
  * configuration only when neither is given; and nothing is written (BullMQ's queue metadata included).
  */
 export async function withPodReader<T>(opts: FleetOption, use: (deps: PodReadDeps) => Promise<T>): Promise<T> {
-  let url = opts.redis ?? (process.env.REDIS_URL || undefined);
-  if (url === undefined) {
-    if (!opts.config && !process.env.BACKHAUL_CONFIG) {
-      throw new CliError(
-        'no Redis to read from: pass --redis URL, set REDIS_URL, or name the site configuration (--config FILE or BACKHAUL_CONFIG)',
-        EXIT.usage,
-      );
-    }
-    url = (await loadSiteConfig(opts)).Backhaul.Redis.URL;
-  }
-  const redis = await connectRedis(url);
+  const named = opts.redis !== undefined || !!process.env.REDIS_URL;
+  const config = named || (!opts.config && !process.env.BACKHAUL_CONFIG) ? undefined : await loadSiteConfig(opts);
+  const redis = await connectRedis(redisTarget(opts, config));
   const deps = podReadDeps(redis);
   try {
     return await use(deps);
@@ -53,8 +43,15 @@ export async function withPodReader<T>(opts: FleetOption, use: (deps: PodReadDep
   }
 }
 
-async function connectRedis(url: string): Promise<Redis> {
-  const redis: Redis = createRedis(url, { kind: 'command', connectionName: 'backhaul-cli' });
+async function connectRedis(target: RedisTarget): Promise<Redis> {
+  const warning = passwordOnCommandLine(target);
+  if (warning) process.stderr.write(`backhaul: warning: ${warning}\n`);
+  const { url } = target;
+  const redis: Redis = createRedis(url, {
+    kind: 'command',
+    connectionName: 'backhaul-cli',
+    ...(target.password === undefined ? {} : { password: target.password }),
+  });
   let lastError: Error | undefined;
   redis.on('error', (err: Error) => {
     lastError = err; // reported below, once, by the command that fails
@@ -106,5 +103,12 @@ export async function resolvePod(deps: Pick<FleetDeps, 'store'>, pod: string): P
 export function fleetOptions<T extends { option(flags: string, description: string): T }>(command: T): T {
   return command
     .option('-c, --config <file>', 'site configuration (default: $BACKHAUL_CONFIG)')
-    .option('--redis <url>', 'Redis (default: $REDIS_URL, else Backhaul.Redis.URL)');
+    .option(
+      '--redis <url>',
+      'Redis (default: $REDIS_URL, else Backhaul.Redis.URL); put no password in it (ps shows it)',
+    )
+    .option(
+      '--redis-password-file <file>',
+      "Redis password (default: $REDIS_PASSWORD, else $REDIS_PASSWORD_FILE's, else Backhaul.Redis.PasswordFile's)",
+    );
 }

@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from 'commander';
+import { withoutCredentials } from '../log.js';
 import { isSpecError } from '../spec/spec-error.js';
 import { registerDoctor } from './commands/doctor.js';
 import { registerPodCommands } from './commands/pods.js';
@@ -57,6 +58,7 @@ function report(err: unknown): number {
     process.stderr.write(`backhaul: ${err.message}\n`);
     return EXIT.usage;
   }
-  process.stderr.write(`backhaul: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+  const text = err instanceof Error ? (err.stack ?? err.message) : String(err);
+  process.stderr.write(`backhaul: ${withoutCredentials(text)}\n`);
   return EXIT.failure;
 }

@@ -15,7 +15,7 @@ import {
   requestContext,
 } from '../spec/reverse-request.js';
 import type { SiteConfig } from '../spec/site-config.js';
-import { isSpecError, SpecError } from '../spec/spec-error.js';
+import { isSpecError, quote, SpecError } from '../spec/spec-error.js';
 
 /**
  * AdmissionReview v1 (admission.k8s.io/v1) for pods (ARCHITECTURE.md §3.9, §3.1, §3.4). Pure: a review document in,
@@ -93,7 +93,7 @@ function requestOf(review: unknown): ReviewRequest {
   const r = review as { apiVersion?: unknown; kind?: unknown; request?: unknown };
   if (r.kind !== 'AdmissionReview' || r.apiVersion !== ADMISSION_API_VERSION) {
     throw new BadReviewError(
-      `expected an AdmissionReview of ${ADMISSION_API_VERSION} (admissionReviewVersions: ["v1"]), got ${String(r.kind)} ${String(r.apiVersion)}`,
+      `expected an AdmissionReview of ${ADMISSION_API_VERSION} (admissionReviewVersions: ["v1"]), got ${quote(String(r.kind))} ${quote(String(r.apiVersion))}`,
     );
   }
   const request = r.request as ReviewRequest | undefined;
@@ -166,7 +166,7 @@ function notEnabled(
 
 function describe(value: string | undefined): string {
   if (value === undefined) return 'unset';
-  return value.length > 60 ? `${JSON.stringify(value.slice(0, 57))}…` : JSON.stringify(value);
+  return quote(value);
 }
 
 /** Answers one AdmissionReview. Throws BadReviewError for a document that is not one. */

@@ -10,9 +10,12 @@ import {
   type V1Service,
 } from '@kubernetes/client-node';
 import type { ClusterVerdict } from '../spec/cluster-verdict.js';
+import { NamespaceEndpointPolicy } from '../spec/endpoint-policy.js';
+import { serviceOfName } from '../spec/host-names.js';
 import { parseReverseRequest, requestContext } from '../spec/reverse-request.js';
 import type { SiteConfig } from '../spec/site-config.js';
-import { kubeCall, statusCodeOf } from './kube-api.js';
+import { kubeCall, orNotFound } from './kube-api.js';
+import { Memo } from './memo.js';
 import {
   type DestinationPod,
   evaluateNetworkPolicies,
@@ -79,8 +82,50 @@ export class ClusterGate {
         };
       }
     }
+    const externalName = await this.externalNameVerdict(pod);
+    if (externalName) return externalName;
     if (k8s.NetworkPolicies) return this.networkPolicyVerdict(pod);
     return { ok: true };
+  }
+
+  /**
+   * A Service of the pod's that is an ExternalName is judged as the name it points to: a tenant's own
+   * `r` → `postgres.tenant-b.svc…` is refused here already, with the words the dial would use.
+   */
+  private async externalNameVerdict(pod: GatedPod): Promise<ClusterVerdict | undefined> {
+    let request: ReturnType<typeof parseReverseRequest>;
+    try {
+      request = parseReverseRequest(pod.annotations, requestContext(this.config, pod.namespace));
+    } catch {
+      return undefined; // bad input: the validate step refuses it with its own message
+    }
+    const domain = this.config.Backhaul.ClusterDomain;
+    const policy = new NamespaceEndpointPolicy(this.config.Backhaul.EndpointPolicy, pod.namespace, {
+      clusterDomain: domain,
+    });
+    for (const forward of request?.forwards ?? []) {
+      const service = serviceOfName(forward.dialHost, domain);
+      if (!service) continue;
+      const svc = await this.serviceOf(service);
+      const target =
+        svc?.spec?.type === 'ExternalName' ? svc.spec.externalName?.toLowerCase().replace(/\.$/, '') : undefined;
+      if (target === undefined) continue;
+      const why = policy.refusal({ host: target, service: serviceOfName(target, domain), port: forward.port });
+      if (why !== undefined) {
+        return {
+          ok: false,
+          why: `forward ${forward.listenPort} to ${forward.host}:${forward.port}: Service ${service.name}.${service.namespace} is an ExternalName for ${target}: ${why}`,
+        };
+      }
+    }
+    return undefined;
+  }
+
+  private serviceOf(service: { name: string; namespace: string }): Promise<V1Service | undefined> {
+    return this.services.get(`${service.namespace}/${service.name}`, this.now(), () => {
+      kubeCall('services.get');
+      return orNotFound(this.core.readNamespacedService(service));
+    });
   }
 
   private async networkPolicyVerdict(pod: GatedPod): Promise<ClusterVerdict> {
@@ -115,10 +160,7 @@ export class ClusterGate {
     if (isIPv4(host)) return [{ ip: host, port, protocol: 'TCP', label: `${host}:${port}` }];
     const service = serviceOfName(host, this.config.Backhaul.ClusterDomain);
     if (!service) return [];
-    const svc = await this.services.get(`${service.namespace}/${service.name}`, this.now(), () => {
-      kubeCall('services.get');
-      return orNotFound(this.core.readNamespacedService(service));
-    });
+    const svc = await this.serviceOf(service);
     const servicePort = svc?.spec?.ports?.find((p) => p.port === port && (p.protocol ?? 'TCP') === 'TCP');
     if (!svc || !servicePort) return []; // the dial fails anyway; nothing to refuse here
     const name = `${service.name}.${service.namespace}`;
@@ -234,16 +276,6 @@ export class ClusterGate {
   }
 }
 
-/** `<service>.<namespace>.svc.<cluster domain>` (how forwards name Services once parsed), else undefined. */
-export function serviceOfName(host: string, clusterDomain: string): { name: string; namespace: string } | undefined {
-  const suffix = `.svc.${clusterDomain}`.toLowerCase();
-  const lower = host.toLowerCase().replace(/\.$/, '');
-  if (!lower.endsWith(suffix)) return undefined;
-  const parts = lower.slice(0, -suffix.length).split('.');
-  if (parts.length !== 2 || !parts[0] || !parts[1]) return undefined;
-  return { name: parts[0], namespace: parts[1] };
-}
-
 function portOfSlice(slice: V1EndpointSlice, servicePortName: string | undefined): number | undefined {
   const entry = (slice.ports ?? []).find((p) => (p.name ?? '') === (servicePortName ?? ''));
   return entry?.port ?? undefined;
@@ -262,33 +294,4 @@ function destinationPod(pod: V1Pod): DestinationPod {
       })),
     ),
   };
-}
-
-async function orNotFound<T>(call: Promise<T>): Promise<T | undefined> {
-  try {
-    return await call;
-  } catch (err) {
-    if (statusCodeOf(err) === 404) return undefined;
-    throw err;
-  }
-}
-
-/** Values read recently, by key; one read in flight per key. Entries are dropped once stale. */
-class Memo<T> {
-  private readonly entries = new Map<string, { at: number; value: Promise<T> }>();
-
-  constructor(private readonly ttlMs: number) {}
-
-  get(key: string, now: number, read: () => Promise<T>): Promise<T> {
-    const hit = this.entries.get(key);
-    if (hit && now - hit.at < this.ttlMs) return hit.value;
-    // A sweep now and then keeps the map to what was read within the last TTL.
-    if (this.entries.size > 1_000) {
-      for (const [k, entry] of this.entries) if (now - entry.at >= this.ttlMs) this.entries.delete(k);
-    }
-    const value = read();
-    this.entries.set(key, { at: now, value });
-    value.catch(() => this.entries.delete(key));
-    return value;
-  }
 }

@@ -20,9 +20,12 @@ export const KUBE_API_ACCESS = {
   events: ['create', 'patch'],
   /** The cluster gate: a pod's namespace carries the opt-in label; labels for namespaceSelectors. */
   namespaces: ['get'],
-  /** The cluster gate: the Service a forward names, its ports and selector. */
-  services: ['get'],
-  /** The cluster gate: the Service's endpoints and the pods behind them. */
+  /**
+   * The cluster gate and the session role: the Service a forward names (its ClusterIP is what the fleet
+   * dials), its ports and selector; the session role lists the fleet namespace's (never dialled).
+   */
+  services: ['get', 'list'],
+  /** The cluster gate and the session role: the Service's endpoints and the pods behind them. */
   endpointslices: ['list'],
   /** The cluster gate: the policies of the pod's namespace and of the endpoints'. */
   networkpolicies: ['list'],
@@ -101,4 +104,14 @@ export function describeKubeError(err: unknown): string {
   }
   const base = message ?? (err as Error | null)?.message ?? String(err);
   return code === undefined ? base : `HTTP ${code}: ${base}`;
+}
+
+/** A read's value, or undefined when the object does not exist (404); other errors are thrown. */
+export async function orNotFound<T>(call: Promise<T>): Promise<T | undefined> {
+  try {
+    return await call;
+  } catch (err) {
+    if (statusCodeOf(err) === 404) return undefined;
+    throw err;
+  }
 }

@@ -1,7 +1,10 @@
 import type { Redis } from 'ioredis';
+import { ClusterDirectory } from '../cluster/cluster-directory.js';
+import { loadKubeConfig } from '../cluster/kube-api.js';
 import type { Logger } from '../log.js';
 import { type FleetDeps, type FleetDepsOptions, fleetDeps } from '../pods/fleet-deps.js';
 import type { SiteConfig } from '../spec/site-config.js';
+import { NO_CLUSTER_DIRECTORY } from '../ssh/service-directory.js';
 import { preloadScripts } from '../store/scripts.js';
 import { ControlWorker } from '../workers/control-worker.js';
 import { SessionHost } from '../workers/session-host.js';
@@ -53,7 +56,20 @@ export async function startFleet(
     );
     await control.dropOldSchedule();
   }
-  if (opts.roles.includes('session')) session = await SessionHost.start(deps, hostId, redis);
+  let directory: ClusterDirectory | undefined;
+  if (opts.roles.includes('session')) {
+    // Services are dialled as the API has them; without a cluster, by Backhaul.HostAliases only.
+    const kubeConfig = opts.cluster?.kubeConfig ?? loadKubeConfig(config.Backhaul.Kubernetes);
+    if (kubeConfig) {
+      directory = new ClusterDirectory(
+        kubeConfig,
+        config.Backhaul.EndpointPolicy.FleetNamespace,
+        log.child({ part: 'services' }),
+      );
+      await directory.start();
+    }
+    session = await SessionHost.start(deps, hostId, redis, directory ?? NO_CLUSTER_DIRECTORY);
+  }
   log.info({ roles: opts.roles, hostId }, 'fleet started');
   let stopping: Promise<void> | undefined;
   return {
@@ -66,6 +82,7 @@ export async function startFleet(
       stopping ??= (async () => {
         await cluster.stop();
         await session?.stop();
+        directory?.stop();
         await control?.close();
         await deps.queues.close();
         log.info({ hostId }, 'fleet stopped');

@@ -60,3 +60,13 @@ export function serviceAddress(host: string, podNamespace: string, clusterDomain
   if (namespace === podNamespace) names.push(name);
   return { dialHost: fqdn, names, service };
 }
+
+/** `<service>.<namespace>.svc.<cluster domain>` (how forwards name Services once parsed), else undefined. */
+export function serviceOfName(host: string, clusterDomain: string): { name: string; namespace: string } | undefined {
+  const suffix = `.svc.${clusterDomain}`.toLowerCase();
+  const lower = host.toLowerCase().replace(/\.$/, '');
+  if (!lower.endsWith(suffix)) return undefined;
+  const parts = lower.slice(0, -suffix.length).split('.');
+  if (parts.length !== 2 || !parts[0] || !parts[1]) return undefined;
+  return { name: parts[0], namespace: parts[1] };
+}

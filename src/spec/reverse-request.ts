@@ -91,7 +91,7 @@ function parseForwards(value: string | undefined, ctx: RequestContext): Forward[
       accepted: `up to ${MAX_FORWARDS} entries separated by white space`,
     });
   }
-  const policy = new NamespaceEndpointPolicy(ctx.endpoints, ctx.podNamespace);
+  const policy = new NamespaceEndpointPolicy(ctx.endpoints, ctx.podNamespace, { clusterDomain: ctx.clusterDomain });
   const forwards = entries.map((entry) => parseForwardEntry(entry, ctx, policy));
   // Each Service has its own address, so a listen port may repeat across Services, not within one.
   const slotted = withSlots(forwards);
@@ -155,7 +155,7 @@ function parseForwardEntry(entry: string, ctx: RequestContext, policy: Namespace
     );
   }
   const address = serviceAddress(host, ctx.podNamespace, ctx.clusterDomain);
-  const refusal = policy.refusalOfName({ host, port, service: address.service });
+  const refusal = policy.refusal({ host, port, service: address.service });
   if (refusal !== undefined) {
     throw new SpecError(field, `endpoint not allowed: ${refusal}`, {
       entry,

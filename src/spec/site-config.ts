@@ -155,7 +155,14 @@ export const kubernetesSchema = z.strictObject({
 });
 
 export const backhaulSchema = z.strictObject({
-  Redis: z.strictObject({ URL: z.string().url().default('redis://127.0.0.1:6379') }).prefault({}),
+  Redis: z
+    .strictObject({
+      /** redis:// or rediss:// (TLS); a user name may be in it, a password better not (it is in a ConfigMap). */
+      URL: z.string().url().default('redis://127.0.0.1:6379'),
+      /** A file holding the password (a mounted Secret); used when the URL has none. */
+      PasswordFile: z.string().min(1).optional(),
+    })
+    .prefault({}),
   /** Shadow sessions one session host holds at once. */
   SessionCapacity: z.number().int().min(1).max(10_000).default(200),
   /**

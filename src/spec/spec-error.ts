@@ -1,3 +1,5 @@
+import { quote } from './display-text.js';
+
 /**
  * The one error type for bad input (annotations, pod manifests, site configuration).
  * `field` is what the user wrote wrong: an annotation name or a configuration key path;
@@ -24,14 +26,4 @@ export function isSpecError(err: unknown): err is SpecError {
   return err instanceof SpecError;
 }
 
-/** Longest part of a user's value repeated in a message. */
-const QUOTE_MAX = 100;
-
-/**
- * A user's value as a message shows it: JSON-quoted (control characters escaped, so a value cannot
- * forge log lines or terminal output) and cut after QUOTE_MAX characters with its full length said.
- */
-export function quote(value: string): string {
-  if (value.length <= QUOTE_MAX) return JSON.stringify(value);
-  return `${JSON.stringify(value.slice(0, QUOTE_MAX))}… (${value.length} characters)`;
-}
+export { quote } from './display-text.js';

@@ -42,7 +42,9 @@ export class LoginHopService {
       this.leases.set(id, lease);
       return { lease: id };
     }
-    if (request.method === 'fence') throw new Error("fence calls are answered by the tunnel thread's owner");
+    if (request.method === 'fence' || request.method === 'service') {
+      throw new Error(`${request.method} calls are answered by the tunnel thread's owner`);
+    }
     if (request.method === 'release') {
       this.leases.get(request.lease)?.release();
       this.leases.delete(request.lease);

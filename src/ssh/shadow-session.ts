@@ -20,6 +20,7 @@ import { type DialRules, EndpointDialer } from './endpoint-dial.js';
 import type { LoginHopLease, LoginHops } from './login-hop.js';
 import { execCapture, openExec } from './remote-exec.js';
 import { type ForwardLog, type ForwardStats, ReverseForwards } from './reverse-forwards.js';
+import type { ServiceDirectory } from './service-directory.js';
 import { isSessionError, SessionError } from './session-error.js';
 import type { SlurmJob } from './slurm-job.js';
 import { SocksForward } from './socks-forward.js';
@@ -59,6 +60,8 @@ export interface ShadowSessionOptions {
   jobCheckMs?: number;
   /** How endpoints are dialled: host aliases and the endpoint policy, checked on every connection. */
   dialRules: DialRules;
+  /** Where Services are looked up (the Kubernetes API) and the fleet's own addresses; none: aliases only. */
+  directory?: ServiceDirectory;
   /**
    * Whether this session still holds its pod's lease, asked right before anything is bound on the
    * node: a session that lost it (a stale host, woken after another took over) must not take the
@@ -208,7 +211,7 @@ export class ShadowSession {
     if (!carrier) throw new SessionError('closed', this.closeReason);
     const { client, serverMessages } = carrier;
     // The pod's endpoints are dialled as a pod of its namespace, forwards and SOCKS alike.
-    const dialer = new EndpointDialer(this.opts.dialRules, plan.namespace);
+    const dialer = new EndpointDialer(this.opts.dialRules, plan.namespace, this.opts.directory);
     this.forwards = new ReverseForwards(
       client,
       plan.forwards.map((f) => ({ socketPath: f.socketPath, dialHost: f.dialHost, port: f.port })),

@@ -1,5 +1,6 @@
 import type { RunOptions } from './login-hop.js';
 import type { ExecResult } from './remote-exec.js';
+import type { ServiceAnswer } from './service-directory.js';
 import type { ShadowEnd, ShadowPhase, ShadowSessionOptions } from './shadow-session.js';
 import type { SiteAccessData } from './site-access.js';
 import type { SlurmJob } from './slurm-job.js';
@@ -22,7 +23,7 @@ export type ShadowStart = Omit<ShadowSessionOptions, ShadowCallbacks> & {
 };
 
 /** The options that are functions or live objects: the thread provides its own (tunnel-thread.ts). */
-export type ShadowCallbacks = 'pool' | 'onPhase' | 'log' | 'fence';
+export type ShadowCallbacks = 'pool' | 'onPhase' | 'log' | 'fence' | 'directory';
 
 /** The login hop's methods, as calls from a thread to the session host. */
 export type HopCall =
@@ -33,7 +34,9 @@ export type HopCall =
   | { method: 'run'; lease: number; command: string; opts: RunOptions }
   | { method: 'findJob'; lease: number; user: string; jobName: string }
   /** Whether the session host still holds the lease of shadow `shadow`'s pod (ShadowSessionOptions.fence). */
-  | { method: 'fence'; shadow: string };
+  | { method: 'fence'; shadow: string }
+  /** A Service as the session host's directory has it (the Kubernetes API). */
+  | { method: 'service'; namespace: string; name: string };
 
 export type HopValue =
   | { lease: number }
@@ -41,6 +44,7 @@ export type HopValue =
   | ExecResult
   | { job: SlurmJob | undefined }
   | { held: boolean }
+  | { service: ServiceAnswer }
   | null;
 
 /** An error crossing the thread boundary, rebuilt as a SessionError when it had a kind. */
@@ -55,7 +59,9 @@ export type ToThread =
   | { type: 'reply'; call: number; ok: true; value: HopValue }
   | { type: 'reply'; call: number; ok: false; error: WireError }
   /** stderr of an exec pipe (what the user-space sshd says when it does not start). */
-  | { type: 'stderr'; pipe: string; data: Uint8Array };
+  | { type: 'stderr'; pipe: string; data: Uint8Array }
+  /** The fleet's own addresses changed (ServiceDirectory.fleetAddresses). */
+  | { type: 'fleet-addresses'; addresses: string[] };
 
 export type FromThread =
   | { type: 'ready' }
@@ -69,4 +75,6 @@ export interface TunnelThreadData {
   pipeSocket: string;
   /** With `login: 'per-thread'`: the site, for the thread's own login connections (no pipes, no calls). */
   access?: SiteAccessData;
+  /** The fleet's own addresses when the thread starts; updates come as `fleet-addresses`. */
+  fleetAddresses: string[];
 }

@@ -10,6 +10,7 @@ import type { CarrierSite } from './carrier.js';
 import { connectHopPipe } from './hop-pipes.js';
 import type { ExecStream, LoginHop, LoginHopLease, LoginHops } from './login-hop.js';
 import type { ExecResult } from './remote-exec.js';
+import type { ServiceAnswer, ServiceDirectory } from './service-directory.js';
 import { SESSION_ERROR_KINDS, SessionError, type SessionErrorKind } from './session-error.js';
 import { ShadowSession } from './shadow-session.js';
 import { accessFromData } from './site-access.js';
@@ -17,7 +18,7 @@ import type { FromThread, HopCall, HopValue, ToThread, TunnelThreadData, WireErr
 
 const port = parentPort;
 if (!port) throw new Error('tunnel-thread.ts runs as a worker thread of a session host');
-const { pipeSocket, access } = workerData as TunnelThreadData;
+const { pipeSocket, access, fleetAddresses: initialFleet } = workerData as TunnelThreadData;
 const post = (message: FromThread) => port.postMessage(message);
 
 // ------------------------------------------------------------------------------------------ calls
@@ -103,6 +104,33 @@ const remoteHops: LoginHops = {
 /** The thread's own login connections (`login: 'per-thread'`), or the session host's through calls. */
 const hops: LoginHops = access ? accessFromData(access).pool : remoteHops;
 
+// ------------------------------------------------------------------------------------------ services
+
+/** How long a thread reuses the session host's answer for a Service (that one is cached as well). */
+const SERVICE_TTL_MS = 2_000;
+let fleetAddresses: readonly string[] = initialFleet;
+const answers = new Map<string, { at: number; answer: Promise<ServiceAnswer> }>();
+
+/** The session host's ServiceDirectory, asked through calls; its fleet addresses pushed here. */
+const directory: ServiceDirectory = {
+  lookup: (service) => {
+    const key = `${service.namespace}/${service.name}`;
+    const now = Date.now();
+    const hit = answers.get(key);
+    if (hit && now - hit.at < SERVICE_TTL_MS) return hit.answer;
+    if (answers.size > 1_000) answers.clear();
+    const answer = call({ method: 'service', namespace: service.namespace, name: service.name }).then((value) => {
+      if (!value || !('service' in value)) throw new Error('service: the session host sent no answer');
+      return value.service;
+    });
+    answers.set(key, { at: now, answer });
+    answer.catch(() => answers.delete(key));
+    return answer;
+  },
+  fleetAddresses: () => fleetAddresses,
+  onFleetAddresses: () => () => undefined,
+};
+
 // ------------------------------------------------------------------------------------------ shadows
 
 /** Buffers arrive as plain Uint8Arrays (structured clone): the key checks need Buffers back. */
@@ -136,6 +164,7 @@ port.on('message', (message: ToThread) => {
         ...options,
         site: reviveSite(shadow.site),
         pool: hops,
+        directory,
         ...(fenced
           ? {
               fence: async (): Promise<boolean> => {
@@ -161,6 +190,9 @@ port.on('message', (message: ToThread) => {
     }
     case 'close':
       void shadows.get(message.id)?.close(message.reason);
+      return;
+    case 'fleet-addresses':
+      fleetAddresses = message.addresses;
       return;
   }
 });

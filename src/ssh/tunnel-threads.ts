@@ -3,6 +3,7 @@ import { Worker } from 'node:worker_threads';
 import { HopPipeServer } from './hop-pipes.js';
 import type { LoginHops } from './login-hop.js';
 import { LoginHopService } from './login-hop-service.js';
+import { NO_CLUSTER_DIRECTORY, type ServiceDirectory } from './service-directory.js';
 import type { ShadowEnd, ShadowSessionOptions } from './shadow-session.js';
 import type { SiteAccess, SiteAccessData } from './site-access.js';
 import type { FromThread, ToThread, TunnelThreadData } from './tunnel-protocol.js';
@@ -60,10 +61,15 @@ class TunnelThread {
     pool: LoginHops,
     pipes: HopPipeServer,
     ownLogin: SiteAccessData | undefined,
+    private readonly directory: ServiceDirectory,
     private readonly log: TunnelThreadsLog,
     private readonly onExit: (thread: TunnelThread, why: string) => void,
   ) {
-    const data: TunnelThreadData = { pipeSocket: pipes.path, ...(ownLogin ? { access: ownLogin } : {}) };
+    const data: TunnelThreadData = {
+      pipeSocket: pipes.path,
+      ...(ownLogin ? { access: ownLogin } : {}),
+      fleetAddresses: [...directory.fleetAddresses()],
+    };
     this.worker = new Worker(threadEntry(), { workerData: data, name: `tunnel-${index}` });
     this.service = new LoginHopService(pool, pipes, (message) => this.send(message));
     this.ready = new Promise((resolve, reject) => {
@@ -96,7 +102,7 @@ class TunnelThread {
     });
     const held: Held = { opts, ended, end: (e) => end(e), closing: undefined, done: false };
     this.held.set(id, held);
-    const { pool: _pool, onPhase: _onPhase, log: _log, fence, ...data } = opts;
+    const { pool: _pool, onPhase: _onPhase, log: _log, directory: _directory, fence, ...data } = opts;
     let started = false;
     return {
       run: () => {
@@ -161,7 +167,14 @@ class TunnelThread {
     );
   }
 
-  private send(message: ToThread): void {
+  private answerService(call: number, namespace: string, name: string): void {
+    this.directory.lookup({ namespace, name }).then(
+      (service) => this.send({ type: 'reply', call, ok: true, value: { service } }),
+      (err: unknown) => this.send({ type: 'reply', call, ok: false, error: { message: String(err) } }),
+    );
+  }
+
+  send(message: ToThread): void {
     if (!this.exited) this.worker.postMessage(message);
   }
 
@@ -169,7 +182,9 @@ class TunnelThread {
     switch (message.type) {
       case 'call':
         if (message.request.method === 'fence') this.answerFence(message.call, message.request.shadow);
-        else this.service.serve(message.call, message.request);
+        else if (message.request.method === 'service') {
+          this.answerService(message.call, message.request.namespace, message.request.name);
+        } else this.service.serve(message.call, message.request);
         return;
       case 'phase':
         this.held.get(message.id)?.opts.onPhase(message.phase);
@@ -201,12 +216,19 @@ export class TunnelThreads {
   private nextId = 1;
   private closed = false;
 
+  private readonly unsubscribe: () => void;
+
   private constructor(
     private readonly access: SiteAccess,
     private readonly login: TunnelLogin,
     private readonly pipes: HopPipeServer,
+    private readonly directory: ServiceDirectory,
     private readonly log: TunnelThreadsLog,
-  ) {}
+  ) {
+    this.unsubscribe = directory.onFleetAddresses((addresses) => {
+      for (const thread of this.threads) thread.send({ type: 'fleet-addresses', addresses: [...addresses] });
+    });
+  }
 
   /**
    * `login: 'shared'`: the threads use this host's login pool through byte pipes (a tunnel's two SSH
@@ -215,7 +237,7 @@ export class TunnelThreads {
    */
   static async start(
     access: SiteAccess,
-    opts: { threads: number; login: TunnelLogin },
+    opts: { threads: number; login: TunnelLogin; directory?: ServiceDirectory },
     log: TunnelThreadsLog,
   ): Promise<TunnelThreads> {
     const count = opts.threads;
@@ -224,7 +246,7 @@ export class TunnelThreads {
     if (pipes.staleRemoved.length > 0) {
       log.info({ removed: pipes.staleRemoved }, 'removed the pipe dirs of session hosts that died without stopping');
     }
-    const threads = new TunnelThreads(access, opts.login, pipes, log);
+    const threads = new TunnelThreads(access, opts.login, pipes, opts.directory ?? NO_CLUSTER_DIRECTORY, log);
     try {
       for (let i = 0; i < count; i++) threads.threads.push(threads.spawn(i));
       await Promise.all(threads.threads.map((t) => t.ready));
@@ -269,6 +291,7 @@ export class TunnelThreads {
 
   async close(): Promise<void> {
     this.closed = true;
+    this.unsubscribe();
     await Promise.all(this.threads.map((t) => t.stop()));
     for (const t of this.threads) t.abandon('session host stopping');
     await this.pipes.close();
@@ -276,7 +299,7 @@ export class TunnelThreads {
 
   private spawn(index: number): TunnelThread {
     const ownLogin = this.login === 'per-thread' ? this.access.data : undefined;
-    return new TunnelThread(index, this.access.pool, this.pipes, ownLogin, this.log, (thread, why) =>
+    return new TunnelThread(index, this.access.pool, this.pipes, ownLogin, this.directory, this.log, (thread, why) =>
       this.replace(thread, why),
     );
   }

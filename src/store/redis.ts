@@ -10,6 +10,8 @@ export interface CreateRedisOptions {
   kind?: 'worker' | 'command';
   /** Shown by CLIENT LIST. */
   connectionName?: string;
+  /** When the URL carries none (it comes from a file or the environment, never argv). */
+  password?: string;
   /** Anything else for ioredis. */
   options?: RedisOptions;
 }
@@ -25,6 +27,7 @@ export function createRedis(url?: string, opts: CreateRedisOptions = {}): Redis 
   return new Redis(target, {
     ...base,
     ...(opts.connectionName === undefined ? {} : { connectionName: opts.connectionName }),
+    ...(opts.password === undefined ? {} : { password: opts.password }),
     ...opts.options,
   });
 }

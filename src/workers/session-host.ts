@@ -15,6 +15,7 @@ import { readPod } from '../pods/pod-reader.js';
 import { QUEUE_NAMES, type SessionJobData, sendEvent } from '../pods/queues.js';
 import { sshCryptoPath } from '../ssh/crypto-path.js';
 import { dialRulesOf } from '../ssh/endpoint-dial.js';
+import { NO_CLUSTER_DIRECTORY, type ServiceDirectory } from '../ssh/service-directory.js';
 import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
 import { ShadowSession, type ShadowSessionOptions } from '../ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../ssh/site-access.js';
@@ -86,6 +87,7 @@ export class SessionHost {
     private readonly tunnels: TunnelThreads | undefined,
     readonly hostId: string,
     connection: Redis,
+    private readonly directory: ServiceDirectory,
   ) {
     const capacity = deps.config.Backhaul.SessionCapacity;
     this.worker = new Worker<SessionJobData, SessionOutcome>(
@@ -104,7 +106,13 @@ export class SessionHost {
     }, 2_000).unref();
   }
 
-  static async start(deps: FleetDeps, hostId: string, connection: Redis): Promise<SessionHost> {
+  /** `directory`: where Services are looked up for the dials (the Kubernetes API), see ClusterDirectory. */
+  static async start(
+    deps: FleetDeps,
+    hostId: string,
+    connection: Redis,
+    directory: ServiceDirectory = NO_CLUSTER_DIRECTORY,
+  ): Promise<SessionHost> {
     const access = await openSiteAccess(deps.config);
     const crypto = sshCryptoPath();
     sshCrypto.set({ path: crypto.native ? 'native' : 'javascript', patched: crypto.patched ? 'yes' : 'no' }, 1);
@@ -116,7 +124,7 @@ export class SessionHost {
       count > 0
         ? await TunnelThreads.start(
             access,
-            { threads: count, login: deps.config.Backhaul.TunnelLogin },
+            { threads: count, login: deps.config.Backhaul.TunnelLogin, directory },
             {
               info: (detail, message) => deps.log.info(detail, message),
               warn: (detail, message) => deps.log.warn(detail, message),
@@ -131,7 +139,7 @@ export class SessionHost {
       );
     }
     await deps.hosts.register(hostId, deps.config.Backhaul.SessionCapacity, 0);
-    return new SessionHost(deps, access, tunnels, hostId, connection);
+    return new SessionHost(deps, access, tunnels, hostId, connection, directory);
   }
 
   get load(): number {
@@ -224,6 +232,7 @@ export class SessionHost {
       socketCheckMs: deps.config.Backhaul.SocketCheckInterval,
       jobCheckMs: deps.config.Backhaul.JobCheckInterval,
       dialRules: dialRulesOf(deps.config),
+      directory: this.directory,
       log: {
         warn: (message, detail) => log.warn(detail ?? {}, message),
         info: (message, detail) => log.info(detail ?? {}, message),

@@ -287,6 +287,19 @@ describe('cluster gate: namespace opt-in and NetworkPolicies (watch and control 
     expect(refused.context.lastError?.message).toContain('team-a/web-from-train');
   });
 
+  it("refuses a forward to the pod's own ExternalName Service pointing at the fleet's namespace, even where every namespace is allowed", async () => {
+    kube.api.putService({
+      metadata: { name: 'r', namespace: 'team-a' },
+      spec: { type: 'ExternalName', externalName: 'backhaul-redis.backhaul.svc.cluster.local' },
+    });
+    const uid = pod('team-a', 'via-external-name', '16379:r.team-a.svc.cluster.local:6379');
+    const m = await settled(uid, ['failed', 'launchingShadow']);
+    expect(m.state).toBe('failed');
+    expect(m.context.lastError?.message).toContain(
+      "forward 16379 to r.team-a.svc.cluster.local:6379: Service r.team-a is an ExternalName for backhaul-redis.backhaul.svc.cluster.local: Service backhaul-redis.backhaul is in the fleet's own namespace (backhaul)",
+    );
+  });
+
   it('the control role refuses a machine that no watcher checked (a POD_UPSERT sent by hand)', async () => {
     const uid = 'hand-made-0000-4000-8000-000000000001';
     await sendEvent(fleet.deps.queues, uid, {

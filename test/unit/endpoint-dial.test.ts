@@ -40,11 +40,10 @@ const strict = (hostAliases: Record<string, string> = {}) =>
   new EndpointDialer({ hostAliases, endpointPolicy: DEFAULT_ENDPOINT_POLICY, clusterDomain: 'cluster.local' }, 'user');
 
 describe('dialling an endpoint checks the address it resolves to', () => {
-  it('an allowed name whose address is loopback is refused, and nothing is dialled', async () => {
+  it('loopback by name, or by an alias to it, is refused, and nothing is dialled', async () => {
     const before = accepted;
-    // /etc/hosts: localhost is 127.0.0.1 (and ::1): what a hostile DNS answer would give.
-    expect(await outcome(strict().dial('localhost', port))).toMatch(
-      /^refused: localhost \((127\.0\.0\.1|::1)\) is loopback \(the fleet itself\)/,
+    expect(await outcome(strict().dial('localhost', port))).toBe(
+      "refused: localhost is the fleet's own loopback; only a CIDR rule inside 127.0.0.0/8 in Backhaul.EndpointPolicy opens it",
     );
     // A HostAliases entry to loopback: the same.
     expect(
@@ -57,10 +56,28 @@ describe('dialling an endpoint checks the address it resolves to', () => {
   });
 
   it('where a rule names loopback, the same connections go through', async () => {
-    expect(await outcome(loopbackDialer().dial('localhost', port))).toBe('connected');
     expect(await outcome(loopbackDialer().dial('127.0.0.1', port))).toBe('connected');
     const aliased = loopbackDialer('user', { 'minio.user.svc.cluster.local': '127.0.0.1' });
     expect(await outcome(aliased.dial('minio.user.svc.cluster.local', port))).toBe('connected');
+  });
+
+  it('a name outside the cluster is asked of DNS as an absolute name: /etc/hosts and the search path are not used', async () => {
+    // /etc/hosts maps bhnode1 (the loopback site's node) and localhost; as absolute names DNS knows neither.
+    const anyHost = new EndpointDialer(
+      {
+        hostAliases: {},
+        endpointPolicy: endpointPolicySchema.parse({ Allow: { CIDRs: ['127.0.0.0/8'], Hosts: ['*'] } }),
+        clusterDomain: 'cluster.local',
+      },
+      'user',
+    );
+    expect(await outcome(anyHost.dial('localhost', port))).toMatch(/ENOTFOUND localhost\.$/);
+  });
+
+  it('a Service without a Kubernetes API to ask is not dialled, and says how to name its address', async () => {
+    expect(await outcome(strict().dial('minio.user.svc.cluster.local', 9000))).toBe(
+      'Service minio.user: no Kubernetes API to look Service minio.user up (Backhaul.Kubernetes.Kubeconfig, or Backhaul.HostAliases naming its address)',
+    );
   });
 
   it('metadata is refused even where loopback is open', async () => {

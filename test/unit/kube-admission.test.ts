@@ -332,7 +332,7 @@ describe('admission: updates of a pod that exists', () => {
       /from unset to "1080"/,
     ],
     ['removing the forwards', created, { [PRE]: created[PRE] }, FWD, /to unset/],
-    ['editing the prelude', created, { ...created, [PRE]: 'echo hi\n' }, PRE, /to "echo hi\\n"/],
+    ['editing the prelude', created, { ...created, [PRE]: 'echo hi\n' }, PRE, /to "echo hi\\u000A"/],
     ['adding forwards to a pod created without', { a: '1' }, { a: '1', [FWD]: MINIO }, FWD, /from unset/],
   ])('refuses %s, naming the annotation and what to do instead', (_what, before, after, key, detail) => {
     const response = update(before, after);

@@ -24,7 +24,7 @@ describe('interlink.eu/reverse-forwards grammar (ARCHITECTURE.md §3.1)', () => 
     expect(err.message).toContain('(400003 characters)');
     const hostile = refused({ [FWD]: 'evil\u001b[2J\nhost_x:80' });
     expect([...hostile.message].some((c) => c.charCodeAt(0) < 0x20)).toBe(false);
-    expect(hostile.message).toContain('"evil\\u001b[2J"');
+    expect(hostile.message).toContain('"evil\\u001B[2J"');
   });
 
   it('ignores a pod without reverse annotations', () => {

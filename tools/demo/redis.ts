@@ -88,13 +88,17 @@ export interface RedisServer {
   stop(): Promise<void>;
 }
 
-/** `redis-server` on 127.0.0.1:<free port>, no persistence, files in DIR; killed with this process. */
-export async function startRedisServer(dir: string): Promise<RedisServer> {
+/**
+ * `redis-server` on 127.0.0.1:<free port>, no persistence, files in DIR; killed with this process.
+ * `password`: started with `--requirepass` (the URL stays without it; tests give it on their own).
+ */
+export async function startRedisServer(dir: string, password?: string): Promise<RedisServer> {
   const port = await freePort();
   const log = openSync(join(dir, 'redis-server.log'), 'a');
   let child: ChildProcess;
   try {
     const args = ['--bind', '127.0.0.1', '--port', String(port), '--save', '', '--appendonly', 'no', '--dir', dir];
+    if (password !== undefined) args.push('--requirepass', password);
     child = spawn('setpriv', ['--pdeathsig', 'KILL', '--', 'redis-server', ...args], { stdio: ['ignore', log, log] });
   } finally {
     closeSync(log);
@@ -107,7 +111,11 @@ export async function startRedisServer(dir: string): Promise<RedisServer> {
       await exited;
     }
   };
-  const redis = createRedis(url, { kind: 'command', options: { lazyConnect: true, retryStrategy: () => null } });
+  const redis = createRedis(url, {
+    kind: 'command',
+    ...(password === undefined ? {} : { password }),
+    options: { lazyConnect: true, retryStrategy: () => null },
+  });
   redis.on('error', () => undefined);
   const deadline = Date.now() + 10_000;
   try {

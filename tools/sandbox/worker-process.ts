@@ -27,6 +27,12 @@ export async function writeConfig(dir: string, name: string, config: unknown): P
   return path;
 }
 
+/** More for one worker process: its environment (REDIS_PASSWORD…) and command-line flags. */
+export interface WorkerExtras {
+  env?: Record<string, string>;
+  args?: string[];
+}
+
 /**
  * `backhaul worker` as its own process. Its log (JSON lines on stderr) is kept in memory, or appended
  * to LOGFILE when one is given (the demo keeps the terminal for people).
@@ -37,6 +43,7 @@ export function startWorker(
   roles: string,
   hostId: string,
   logFile?: string,
+  extras: WorkerExtras = {},
 ): WorkerProcess {
   const fd = logFile === undefined ? undefined : openSync(logFile, 'a');
   let child: ChildProcess;
@@ -55,10 +62,11 @@ export function startWorker(
         redisUrl,
         '--host-id',
         hostId,
+        ...(extras.args ?? []),
       ],
       {
         stdio: ['ignore', fd ?? 'pipe', fd ?? 'pipe'],
-        env: { ...process.env, BACKHAUL_LOG_LEVEL: 'info' },
+        env: { ...process.env, BACKHAUL_LOG_LEVEL: 'info', ...extras.env },
       },
     );
   } finally {

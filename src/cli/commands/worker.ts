@@ -6,6 +6,7 @@ import { createLogger } from '../../log.js';
 import { createRedis } from '../../store/redis.js';
 import { type FleetOption, fleetOptions } from '../fleet-connection.js';
 import { loadSiteConfig } from '../inputs.js';
+import { passwordOnCommandLine, redisTarget } from '../redis-target.js';
 
 function roles(value: string): Role[] {
   const list = value
@@ -54,11 +55,14 @@ export function registerWorker(program: Command): void {
     ]);
     const config = await loadSiteConfig(flags);
     const log = createLogger('backhaul');
-    const url = flags.redis ?? process.env.REDIS_URL ?? config.Backhaul.Redis.URL;
+    const target = redisTarget(flags, config);
+    const onCommandLine = passwordOnCommandLine(target);
+    if (onCommandLine) log.warn(onCommandLine);
     // A webhook-only member never uses Redis: do not even connect (pod admission must not depend on it).
     const webhookOnly = flags.roles.every((role) => role === 'webhook');
-    const redis = createRedis(url, {
+    const redis = createRedis(target.url, {
       connectionName: `backhaul-worker-${flags.hostId ?? defaultHostId()}`,
+      ...(target.password === undefined ? {} : { password: target.password }),
       ...(webhookOnly ? { options: { lazyConnect: true } } : {}),
     });
     redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error (retrying)'));
