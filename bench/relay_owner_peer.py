@@ -84,15 +84,21 @@ def main():
         return uid, (time.perf_counter() - start) * 1000
 
     def diag(local_name, peer_name):
-        found = relay._diag_peer_uid(
+        found = relay._diag_peer_owner(
             relay._ip16(local_name[0]), local_name[1], relay._ip16(peer_name[0]), peer_name[1]
         )
-        return "unavailable" if found is relay._DIAG_UNAVAILABLE else found
+        if found is relay._DIAG_UNAVAILABLE:
+            return "unavailable"
+        return None if found is None else found[0]
+
+    def proc(local_name, peer_name):
+        found = relay.proc_peer_owner(local_name, peer_name)
+        return None if found is None else found[0]
 
     step = max(1, len(pairs) // max(1, args.lookups))
     sample = pairs[::step][: args.lookups]
     result = {"sockets": total * 2, "lookups": len(sample), "uid": os.getuid()}
-    for name, method, count in (("diag", diag, len(sample)), ("proc", relay.proc_peer_uid, args.proc_lookups)):
+    for name, method, count in (("diag", diag, len(sample)), ("proc", proc, args.proc_lookups)):
         times = []
         right = 0
         for _, accepted in sample[:count]:
@@ -112,7 +118,7 @@ def main():
     result["orphans"] = len(orphans)
     result["orphans_found"] = {
         "diag": sum(1 for a in orphans if diag(a.getsockname(), a.getpeername()) is not None),
-        "proc": sum(1 for a in orphans[: args.proc_lookups] if relay.proc_peer_uid(a.getsockname(), a.getpeername()) is not None),
+        "proc": sum(1 for a in orphans[: args.proc_lookups] if proc(a.getsockname(), a.getpeername()) is not None),
         "relay": sum(1 for a in orphans if relay.peer_uid(a.getsockname(), a.getpeername()) is not None),
     }
     # Every helper holds the earlier helpers' pipes too: close them all before waiting for any.

@@ -16,6 +16,8 @@ export interface PodStatus {
   batchHost: string | null;
   /** The addresses the job's relay holds, one per Service group in annotation order; null until known. */
   relayAddresses: string[] | null;
+  /** What separates the tunnel from other jobs of the site user (the relay's report); null until known. */
+  isolation: { relay: 'job' | 'user'; sockets: 'job' | 'user' } | null;
   lastError: { kind: string; message: string; at: number } | null;
   /** The deadline the current state holds (DEADLINE is sent when it falls due). */
   deadline: { name: string; at: number } | null;
@@ -53,6 +55,7 @@ function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
       jobId: null,
       batchHost: null,
       relayAddresses: null,
+      isolation: null,
       lastError: null,
       deadline: null,
       snapshotError: record.error.message,
@@ -68,6 +71,7 @@ function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
     jobId: c.jobId,
     batchHost: c.batchHost,
     relayAddresses: c.relayAddresses ?? null,
+    isolation: c.isolation ?? null,
     lastError: c.lastError,
     deadline: c.deadline ? { name: c.deadline.name, at: c.deadline.at } : null,
     snapshotError: null,

@@ -1,5 +1,5 @@
 import { bindAddress } from '../spec/derivations.js';
-import type { PodDetail } from './pod-status.js';
+import type { PodDetail, PodStatus } from './pod-status.js';
 
 export function formatAge(ms: number): string {
   const s = Math.max(0, Math.round(ms / 1000));
@@ -57,6 +57,7 @@ export function formatDetail(p: PodDetail): string {
     `job         ${p.jobId ? `${p.jobId} on ${p.batchHost ?? '?'}` : '-'}`,
     `host        ${p.host ?? '-'}`,
     `addresses   ${formatAddresses(p.uid, p.relayAddresses)}`,
+    `isolation   ${formatIsolation(p.isolation)}`,
     `lease       ${p.lease ? `${p.lease.holder}, generation ${p.lease.generation}, expires in ${formatAge(p.lease.expiresAt - now)}` : '-'}`,
     `deadline    ${p.deadline ? `${p.deadline.name} ${p.deadline.at >= now ? `in ${formatAge(p.deadline.at - now)}` : `due ${formatAge(now - p.deadline.at)} ago`}` : '-'}`,
     `effects     ${p.pendingEffects ? `${describeEffects(p.pendingEffects.effects)}, not run for ${formatAge(now - p.pendingEffects.since)}` : '-'}`,
@@ -77,4 +78,11 @@ export function formatDetail(p: PodDetail): string {
     ),
   );
   return `${lines.join('\n')}\n`;
+}
+
+/** `per job` or `per user`, for the relay and the sockets (README, Security model). */
+function formatIsolation(isolation: PodStatus['isolation']): string {
+  if (!isolation) return '-';
+  const word = (level: 'job' | 'user') => (level === 'job' ? 'per job' : 'per user');
+  return `relay ${word(isolation.relay)}, sockets ${word(isolation.sockets)}`;
 }

@@ -5,6 +5,7 @@ import { transitionEvents } from '../render/kube-events.js';
 import { forwardsCondition } from '../render/pod-condition.js';
 import type { EventRecorder } from './event-recorder.js';
 import type { PodConditionWriter } from './pod-conditions.js';
+import type { SharedUserWarning } from './shared-user-warning.js';
 
 export type TransitionHook = NonNullable<FleetDeps['onTransition']>;
 
@@ -44,12 +45,17 @@ export function conditionForTransition(
  * may fail or hold up a transition: both go to the API in the background.
  */
 export function transitionHook(
-  parts: { recorder?: EventRecorder | undefined; conditions?: PodConditionWriter | undefined },
+  parts: {
+    recorder?: EventRecorder | undefined;
+    conditions?: PodConditionWriter | undefined;
+    sharedUser?: SharedUserWarning | undefined;
+  },
   log: Logger,
 ): TransitionHook {
   return (uid, ctx, from, to, event) => {
     try {
       if (parts.recorder) recordTransition(parts.recorder, ctx, from, to, event);
+      parts.sharedUser?.observe(ctx, to, event);
       if (parts.conditions) conditionForTransition(parts.conditions, ctx, to, event.at);
     } catch (err) {
       log.warn({ uid, err }, 'could not record the Events or condition of a transition');

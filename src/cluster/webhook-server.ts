@@ -9,6 +9,7 @@ import { createSecureContext } from 'node:tls';
 import type { Logger } from '../log.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { type AdmissionMode, admit, BadReviewError } from './admission.js';
+import { BodyBudget } from './body-budget.js';
 
 export interface WebhookServerOptions {
   config: SiteConfig;
@@ -23,6 +24,14 @@ export interface WebhookServerOptions {
 
 /** AdmissionReviews are a pod and some metadata; the API server caps objects at about 1.5 MiB. */
 const MAX_BODY = 4 * 1024 * 1024;
+/** Bodies held at once, all connections together: well under the webhook pod's 256 Mi limit. */
+export const MAX_BODIES_BYTES = 16 * 1024 * 1024;
+/** Requests being read at once; the API server sends a few at a time. */
+export const MAX_REQUESTS = 64;
+/** Connections at once (each costs a TLS session); more are closed as they come. */
+export const MAX_CONNECTIONS = 512;
+/** A refused body is read and dropped, so that its client reads the answer; past this, the connection is cut. */
+const MAX_DRAIN = 16 * 1024 * 1024;
 
 const PATHS: Record<string, AdmissionMode> = {
   '/mutate': 'mutate',
@@ -65,6 +74,7 @@ function describeCert(cert: Buffer): { subject: string; serial: string; notAfter
 export class WebhookServer {
   private pair: KeyPair;
   private readonly watchers: FSWatcher[] = [];
+  private readonly budget = new BodyBudget(MAX_BODIES_BYTES, MAX_REQUESTS);
   private readonly timer: NodeJS.Timeout;
   private reloading: Promise<void> | undefined;
   private pendingReload = false;
@@ -110,6 +120,7 @@ export class WebhookServer {
       );
     }
     const server = createServer({ cert: pair.cert, key: pair.key, minVersion: 'TLSv1.2' });
+    server.maxConnections = MAX_CONNECTIONS;
     const webhook = new WebhookServer(server, opts, pair);
     server.on('request', (req, res) => webhook.handle(req, res));
     server.on('tlsClientError', (err) => opts.log.debug({ err: err.message }, 'webhook TLS handshake failed'));
@@ -195,28 +206,67 @@ export class WebhookServer {
     }
     const chunks: Buffer[] = [];
     let size = 0;
-    let tooLarge = false;
-    const refuseTooLarge = () => {
-      tooLarge = true;
+    let taken = 0;
+    let refusal: { status: number; error: string } | undefined;
+    let drained = 0;
+    const refuse = (status: number, error: string) => {
+      refusal = { status, error };
       chunks.length = 0;
-      res.setHeader('Connection', 'close');
-      send(res, 413, {
-        error: `the body is over ${MAX_BODY} bytes; an AdmissionReview of one pod is far smaller (the API server caps objects at about 1.5 MiB)`,
-      });
-      // The rest of the body is read and dropped; the connection closes once the answer is out.
-      res.once('finish', () => setTimeout(() => req.socket.destroy(), 1_000).unref());
+      this.budget.give(taken);
+      taken = 0;
     };
     const declared = Number(req.headers['content-length']);
-    if (Number.isFinite(declared) && declared > MAX_BODY) refuseTooLarge();
+    if (!this.budget.begin()) {
+      refuse(503, `the webhook is reading ${MAX_REQUESTS} requests already; try again`);
+    } else {
+      res.once('close', () => {
+        this.budget.end();
+        this.budget.give(taken);
+        taken = 0;
+      });
+      if (Number.isFinite(declared) && declared > MAX_BODY) {
+        refuse(
+          413,
+          `the body is over ${MAX_BODY} bytes; an AdmissionReview of one pod is far smaller (the API server caps objects at about 1.5 MiB)`,
+        );
+      } else if (Number.isFinite(declared) && declared > 0) {
+        if (this.budget.take(declared)) taken = declared;
+        else refuse(503, 'the webhook holds as many request bodies as it may; try again');
+      }
+    }
     req.on('data', (chunk: Buffer) => {
-      if (tooLarge) return;
+      if (refusal) {
+        // Read and dropped, so that the client, still writing, gets to read the answer.
+        drained += chunk.length;
+        if (drained > MAX_DRAIN) req.socket.destroy();
+        return;
+      }
       size += chunk.length;
-      if (size > MAX_BODY) refuseTooLarge();
-      else chunks.push(chunk);
+      if (size > MAX_BODY) {
+        refuse(
+          413,
+          `the body is over ${MAX_BODY} bytes; an AdmissionReview of one pod is far smaller (the API server caps objects at about 1.5 MiB)`,
+        );
+        return;
+      }
+      if (size > taken) {
+        // No Content-Length (chunked), or more than it said: take the rest as it comes.
+        if (!this.budget.take(size - taken)) {
+          refuse(503, 'the webhook holds as many request bodies as it may; try again');
+          return;
+        }
+        taken = size;
+      }
+      chunks.push(chunk);
     });
     req.on('error', () => undefined);
     req.on('end', () => {
-      if (tooLarge) return;
+      if (refusal) {
+        res.setHeader('Connection', 'close');
+        if (refusal.status === 503) res.setHeader('Retry-After', '1');
+        send(res, refusal.status, { error: refusal.error });
+        return;
+      }
       let review: unknown;
       try {
         review = JSON.parse(Buffer.concat(chunks).toString('utf8'));

@@ -3,6 +3,7 @@ import { EventRecorder, type EventRecorderOptions } from '../cluster/event-recor
 import { loadKubeConfig } from '../cluster/kube-api.js';
 import { PodConditionWriter } from '../cluster/pod-conditions.js';
 import { PodWatcher, type PodWatcherOptions } from '../cluster/pod-watcher.js';
+import { SharedUserWarning } from '../cluster/shared-user-warning.js';
 import { type TransitionHook, transitionHook } from '../cluster/transition-events.js';
 import { WebhookServer, type WebhookServerOptions } from '../cluster/webhook-server.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
@@ -56,8 +57,19 @@ export async function startClusterRoles(
     wantsConditions && kubeConfig
       ? PodConditionWriter.fromKubeConfig(kubeConfig, log.child({ part: 'conditions' }))
       : undefined;
+  const sharedUser = recorder
+    ? new SharedUserWarning(
+        deps.redis,
+        deps.keys,
+        recorder,
+        deps.config.Network.SSH.User,
+        log.child({ part: 'isolation' }),
+      )
+    : undefined;
   const onTransition =
-    (recorder || conditions) && roles.includes('control') ? transitionHook({ recorder, conditions }, log) : undefined;
+    (recorder || conditions) && roles.includes('control')
+      ? transitionHook({ recorder, conditions, sharedUser }, log)
+      : undefined;
 
   let webhook: WebhookServer | undefined;
   if (roles.includes('webhook')) {

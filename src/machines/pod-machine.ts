@@ -177,6 +177,7 @@ export const podMachine = setup({
             forwardsReadyAt: event.at,
             attempts: 0,
             ...(event.addresses ? { relayAddresses: event.addresses } : {}),
+            ...(event.isolation ? { isolation: event.isolation } : {}),
           };
         default:
           return {};

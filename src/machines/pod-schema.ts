@@ -37,6 +37,7 @@ export const podInputSchema = z
 
 /** One loopback address per Service group; a pod has at most 64 forwards. */
 const relayAddresses = z.array(z.string().min(1).max(15)).min(1).max(64);
+const isolation = z.object({ relay: z.enum(['job', 'user']), sockets: z.enum(['job', 'user']) });
 
 const podError = z.object({ kind: z.string(), message: z.string(), permanent: z.boolean() });
 
@@ -57,6 +58,7 @@ export const podContextSchema = z.object({
   lastError: z.object({ kind: z.string(), message: z.string(), at: ms }).nullable(),
   forwardsReadyAt: ms.nullable(),
   relayAddresses: relayAddresses.optional(),
+  isolation: isolation.optional(),
   podDeleted: z.boolean(),
   teardownReason: z.string().nullable(),
 }) satisfies z.ZodType<PodContext>;
@@ -81,7 +83,13 @@ export const podEventSchema = z.discriminatedUnion('type', [
   z.object({ type: z.literal('SHADOW_UP'), ...at, ...report, host: text }),
   z.object({ type: z.literal('BATCH_HOST'), ...at, ...report, batchHost: text, jobId: text }),
   z.object({ type: z.literal('CARRIER_OPEN'), ...at, ...report }),
-  z.object({ type: z.literal('FORWARDS_READY'), ...at, ...report, addresses: relayAddresses.optional() }),
+  z.object({
+    type: z.literal('FORWARDS_READY'),
+    ...at,
+    ...report,
+    addresses: relayAddresses.optional(),
+    isolation: isolation.optional(),
+  }),
   z.object({ type: z.literal('SOCKETS_VANISHED'), ...at, ...report }),
   z.object({
     type: z.literal('JOB_ENDED'),

@@ -99,6 +99,12 @@ export interface PodContext extends PodLimits {
    * absent until then, and in snapshots stored before it was kept.
    */
   relayAddresses?: string[];
+  /**
+   * What separates the tunnel from other jobs of the site user, as the relay found it (FORWARDS_READY):
+   * `relay: job` the relay admits only the job's processes; `sockets: job` the sockets are on a mount
+   * of the job's own. Absent from a relay too old to say.
+   */
+  isolation?: TunnelIsolation;
   podDeleted: boolean;
   /** Why the pod is being torn down (TEARDOWN's reason, 'pod-deleted', 'job-ended', 'sockets-vanished'). */
   teardownReason: string | null;
@@ -167,6 +173,13 @@ export interface ForwardsReadyEvent extends Report {
   type: 'FORWARDS_READY';
   /** The addresses the job's relay holds, one per Service group (absent when the shadow could not read them). */
   addresses?: string[];
+  isolation?: TunnelIsolation;
+}
+
+/** What separates a pod's tunnel from the other jobs of its Unix user (src/render/node-scripts.ts parses it). */
+export interface TunnelIsolation {
+  relay: 'job' | 'user';
+  sockets: 'job' | 'user';
 }
 export interface SocketsVanishedEvent extends Report {
   type: 'SOCKETS_VANISHED';

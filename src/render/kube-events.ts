@@ -36,6 +36,7 @@ export const EVENT_REASONS = {
   siteUnreachable: 'ReverseSiteUnreachable',
   preludeMissing: 'PreludeMissing',
   trapMissed: 'PreludeTrapNotRun',
+  sharedUser: 'ReverseTunnelSharedUser',
 } as const;
 
 /** Event messages are meant for one screen line or two; the API server refuses very long ones. */

@@ -1,3 +1,4 @@
+import type { TunnelIsolation } from '../machines/pod-types.js';
 import { shellQuote } from './shell-quote.js';
 
 /**
@@ -106,7 +107,7 @@ export function renderRelayReady(socketDir: string): string {
     `bh_f=${shellQuote(`${socketDir}/${RELAY_READY_FILE}`)}`,
     'if sleep 0.01 2>/dev/null; then bh_t=0.1 bh_n=30; else bh_t=1 bh_n=3; fi',
     `while [ "$bh_n" -gt 0 ] && ! grep -q '^ready ' "$bh_f" 2>/dev/null; do sleep "$bh_t"; bh_n=$((bh_n - 1)); done`,
-    'head -n 1 -- "$bh_f" 2>/dev/null',
+    'head -n 2 -- "$bh_f" 2>/dev/null',
     'exit 0',
     '',
   ].join('\n');
@@ -124,6 +125,13 @@ export function parseRelayReady(output: string): string[] | undefined {
   const [word, ...addresses] = (output.split('\n')[0] ?? '').trim().split(/\s+/);
   if (word !== 'ready' || addresses.length === 0 || addresses.length > MAX_RELAY_ADDRESSES) return undefined;
   return addresses.every((a) => LOOPBACK_V4.test(a)) ? addresses : undefined;
+}
+
+/** The relay's second line, `isolation relay=… sockets=… via=…`; undefined from a relay too old to write it. */
+export function parseRelayIsolation(output: string): TunnelIsolation | undefined {
+  const line = (output.split('\n')[1] ?? '').trim();
+  const m = /^isolation relay=(job|user) sockets=(job|user)(?: via=[a-z-]+)?$/.exec(line);
+  return m ? { relay: m[1] as 'job' | 'user', sockets: m[2] as 'job' | 'user' } : undefined;
 }
 
 /** Parses renderSocketInodes' output into path → inode. */

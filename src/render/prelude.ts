@@ -352,7 +352,7 @@ function startRelay(slotted: readonly SlottedForward[]): string[] {
     `  printf 'backhaul: cannot write %s\\n' "$bh_relay_py" >&2`,
     '  exit 1',
     'fi',
-    `"$bh_py" "$bh_relay_py" serve --uid="$bh_uid" --socket-dir="$bh_dir" ${forwards} >"$bh_ready_file" &`,
+    `"$bh_py" "$bh_relay_py" serve --job-only --uid="$bh_uid" --socket-dir="$bh_dir" ${forwards} >"$bh_ready_file" &`,
     'bh_relay_pid=$!',
     // POSIX sleep takes whole seconds; GNU and busybox sleep take fractions, which start jobs sooner.
     'if sleep 0.01 2>/dev/null; then',

@@ -188,6 +188,8 @@ def _build_parser():
     serve.add_argument("--forward", action="append", default=[],
                        metavar="[GROUP:]PORT[=SOCKETPATH]")
     serve.add_argument("--bind", action="append", metavar="ADDR")
+    serve.add_argument("--job-only", action="store_true",
+                       help="admit only processes of this Slurm job (SLURM_JOB_ID), not every process of the user")
     return parser
 
 
@@ -344,8 +346,8 @@ def _diag_query(family, src_ip16, src_port, dst_ip16, dst_port):
     return (uid, inode)
 
 
-def _diag_peer_uid(local16, local_port, peer16, peer_port):
-    """uid of the peer's socket by sock_diag; None if not found or orphaned;
+def _diag_peer_owner(local16, local_port, peer16, peer_port):
+    """(uid, inode) of the peer's socket by sock_diag; None if not found or orphaned;
     _DIAG_UNAVAILABLE to fall back to /proc."""
     families = []
     if local16.startswith(_V4_MAPPED_PREFIX) and peer16.startswith(_V4_MAPPED_PREFIX):
@@ -362,26 +364,32 @@ def _diag_peer_uid(local16, local_port, peer16, peer_port):
         uid, inode = found
         if inode == 0:
             return None  # orphaned (closed by its process): whoever it was, it is not asking now
-        return uid
+        return (uid, inode)
     return _DIAG_UNAVAILABLE if unavailable == len(families) else None
 
 
-def peer_uid(local_name, peer_name):
-    """uid owning the peer's socket, or None if it cannot be found (sock_diag,
+def peer_owner(local_name, peer_name):
+    """(uid, inode) of the peer's socket, or None if it cannot be found (sock_diag,
     else /proc/net/tcp{,6}); a socket no process holds (inode 0) is not found."""
     if _diag_state["works"] is not False:
-        found = _diag_peer_uid(_ip16(local_name[0]), local_name[1], _ip16(peer_name[0]), peer_name[1])
+        found = _diag_peer_owner(_ip16(local_name[0]), local_name[1], _ip16(peer_name[0]), peer_name[1])
         if found is not _DIAG_UNAVAILABLE:
             _diag_state["works"] = True
             return found
         if _diag_state["works"] is None:
             _diag_state["works"] = False
             log("sock_diag unavailable: owners are looked up in /proc/net/tcp")
-    return proc_peer_uid(local_name, peer_name)
+    return proc_peer_owner(local_name, peer_name)
 
 
-def proc_peer_uid(local_name, peer_name):
-    """uid owning the peer's socket, or None if it cannot be found.
+def peer_uid(local_name, peer_name):
+    """uid owning the peer's socket, or None (peer_owner without the inode)."""
+    found = peer_owner(local_name, peer_name)
+    return None if found is None else found[0]
+
+
+def proc_peer_owner(local_name, peer_name):
+    """(uid, inode) of the peer's socket, or None if it cannot be found.
 
     local_name/peer_name are getsockname()/getpeername() of the accepted
     socket. The peer's own socket has local == peer and remote == local.
@@ -419,10 +427,158 @@ def proc_peer_uid(local_name, peer_name):
                 if len(fields) < 10 or fields[9] == b"0":
                     continue  # inode 0: no process holds it (orphaned); its uid says nothing
                 try:
-                    return int(fields[7])
+                    return (int(fields[7]), int(fields[9]))
                 except ValueError:
                     continue
     return None
+
+
+# --------------------------------------------------------------------------
+# Job membership: only the job's own processes, not every process of its user
+# --------------------------------------------------------------------------
+
+def _read(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except (IOError, OSError):
+        return None
+
+
+def _stat_fields(pid):
+    """(command, ppid) of a process from /proc/<pid>/stat, or None."""
+    data = _read("/proc/%d/stat" % pid)
+    if data is None:
+        return None
+    close = data.rfind(b")")
+    if close < 0:
+        return None
+    rest = data[close + 2:].split()
+    try:
+        return data[data.find(b"(") + 1:close].decode("utf-8", "replace"), int(rest[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _job_cgroup_marks(job_id):
+    """The lines of /proc/self/cgroup that name this job's cgroup (`/job_<id>/` or at the end),
+    empty where Slurm tracks the job by its process tree (proctrack/linuxproc, pgid)."""
+    if not job_id:
+        return []
+    data = _read("/proc/self/cgroup") or b""
+    mark = ("/job_%s" % job_id).encode("ascii")
+    return [line for line in data.split(b"\n") if (mark + b"/") in line or line.endswith(mark)]
+
+
+class JobScope(object):
+    """Who belongs to the job: the processes of its cgroup where Slurm gives it one (its steps, srun
+    --overlap included: Slurm's own rule for what is the job), else the descendants of the job's shell
+    and the processes of the job's steps (a root-owned ``slurmstepd: [<job>.<step>]`` ancestor, which
+    nobody else can start).
+
+    A connection is admitted when the peer's socket (by inode, from sock_diag) is held by one of
+    them: its file descriptors are read from /proc/<pid>/fd, members that owned a connection before
+    first. Another job of the same user, or a login shell, is refused even though its uid matches."""
+
+    def __init__(self, job_shell, job_id, my_uid):
+        self.job_shell = job_shell
+        self.job_id = job_id or ""
+        self.my_uid = my_uid
+        self.cgroup = bool(_job_cgroup_marks(self.job_id))
+        self.kind = "cgroup" if self.cgroup else "process tree"
+        self._mark = ("/job_%s" % self.job_id).encode("ascii")
+        self._step = ("slurmstepd: [%s." % self.job_id).encode("ascii")
+        self._lock = threading.Lock()
+        self._members = []  # most recent owner first
+
+    def describe(self):
+        return "job %s (%s)" % (self.job_id or "?", self.kind)
+
+    def _own_pids(self):
+        pids = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                if os.stat("/proc/" + name).st_uid != self.my_uid:
+                    continue
+            except OSError:
+                continue
+            pids.append(int(name))
+        return pids
+
+    def _is_member(self, pid, parents):
+        if self.cgroup:
+            data = _read("/proc/%d/cgroup" % pid) or b""
+            return any((self._mark + b"/") in line or line.endswith(self._mark) for line in data.split(b"\n"))
+        seen = 0
+        while pid > 1 and seen < 64:
+            if pid == self.job_shell:
+                return True
+            parent = parents.get(pid)
+            if parent is None:
+                # Not one of the user's: a job step's slurmstepd (root) says which job it serves.
+                cmdline = _read("/proc/%d/cmdline" % pid) or b""
+                return self.job_id != "" and cmdline.startswith(self._step)
+            pid = parent
+            seen += 1
+        return False
+
+    def _refresh(self):
+        own = self._own_pids()
+        parents = {}
+        for pid in own:
+            fields = _stat_fields(pid)
+            if fields is not None:
+                parents[pid] = fields[1]
+        members = [pid for pid in own if self._is_member(pid, parents)]
+        return members, own
+
+    @staticmethod
+    def _holds(pid, target):
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except OSError:
+            return False
+        for fd in fds:
+            try:
+                if os.readlink("/proc/%d/fd/%s" % (pid, fd)) == target:
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def owner(self, inode):
+        """(True, pid) when a process of the job holds the socket; (False, description of the
+        process that does, when it can be seen) otherwise."""
+        target = "socket:[%d]" % inode
+        with self._lock:
+            known = list(self._members)
+        for pid in known:
+            if self._holds(pid, target):
+                self._remember(pid)
+                return True, pid
+        members, own = self._refresh()
+        with self._lock:
+            self._members = members
+        tried = set(known)
+        for pid in members:
+            if pid not in tried and self._holds(pid, target):
+                self._remember(pid)
+                return True, pid
+        for pid in own:
+            if pid not in members and self._holds(pid, target):
+                fields = _stat_fields(pid)
+                return False, "pid %d (%s)" % (pid, fields[0] if fields else "?")
+        return False, "a process this user cannot see into"
+
+    def _remember(self, pid):
+        with self._lock:
+            if self._members and self._members[0] == pid:
+                return
+            if pid in self._members:
+                self._members.remove(pid)
+            self._members.insert(0, pid)
 
 
 # --------------------------------------------------------------------------
@@ -640,6 +796,43 @@ def pump():
         return _pump
 
 
+REFUSALS_LOGGED = 20
+
+
+class RefusalLog(object):
+    """Refused connections, logged without flooding: the first REFUSALS_LOGGED of each window one line
+    each, then one line saying how many more there were (695 refusals in 4 s once wrote 695 lines)."""
+
+    def __init__(self, window=10.0, lines=REFUSALS_LOGGED):
+        self._lock = threading.Lock()
+        self._window = window
+        self._lines = lines
+        self._start = 0.0
+        self._count = 0
+        self._quiet = 0
+
+    def refused(self, text):
+        now = time.time()
+        summary = None
+        with self._lock:
+            if now - self._start >= self._window:
+                if self._quiet:
+                    summary = "%d more connections refused in the last %d s (not logged one by one)" % (
+                        self._quiet, int(self._window))
+                self._start, self._count, self._quiet = now, 0, 0
+            self._count += 1
+            if self._count > self._lines:
+                self._quiet += 1
+                return
+        if summary:
+            log(summary)
+        log("refused %s" % text)
+
+
+_refusals = RefusalLog()
+_scope = {"job": None}
+
+
 def handle(client, listen_label, socket_path, my_uid):
     """Checks and connects one client, in a thread of Handlers (the /proc lookup
     and the unix connect may take a while); then hands the pair to the Pump.
@@ -651,15 +844,23 @@ def handle(client, listen_label, socket_path, my_uid):
         local_name = client.getsockname()
         peer_label = _fmt(peer_name)
         label = "%s -> %s" % (peer_label, listen_label)
-        owner = peer_uid(local_name, peer_name)
-        if owner is None:
+        found = peer_owner(local_name, peer_name)
+        if found is None:
             _close(client)
-            log("refused %s: owner unknown" % label)
+            _refusals.refused("%s: owner unknown" % label)
             return
+        owner, inode = found
         if owner != my_uid:
             _close(client)
-            log("refused %s: uid %d is not the job's uid %d" % (label, owner, my_uid))
+            _refusals.refused("%s: uid %d is not the job's uid %d" % (label, owner, my_uid))
             return
+        scope = _scope["job"]
+        if scope is not None:
+            member, who = scope.owner(inode)
+            if not member:
+                _close(client)
+                _refusals.refused("%s: %s is not a process of %s" % (label, who, scope.describe()))
+                return
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             upstream.settimeout(UNIX_CONNECT_TIMEOUT)
@@ -677,44 +878,69 @@ def handle(client, listen_label, socket_path, my_uid):
         log("%s: %s" % (label, _errtext(exc)))
 
 
+MAX_HANDLERS = 8
+MAX_WAITING = 1024
+
+
 class Handlers(object):
     """Threads that check and connect new clients (``handle``).
 
     A connection's setup may block (the /proc fallback, a unix connect to a
     stalled sshd), so none waits for another's: an idle thread takes it, else
-    a new one starts. Starting a thread costs about 200 CPU-us, a hand-off to
-    an idle one about 45: a client that connects per request pays it every
-    time. A thread idle for HANDLER_IDLE_SECONDS ends.
+    a new one starts, up to MAX_HANDLERS; beyond that it waits in a queue of at
+    most MAX_WAITING (a flood of connections, refused or not, costs a bounded
+    number of threads; past the queue a connection is closed at once). Starting
+    a thread costs about 200 CPU-us, a hand-off to an idle one about 45: a
+    client that connects per request pays it every time. A thread idle for
+    HANDLER_IDLE_SECONDS ends.
     """
 
-    def __init__(self):
+    def __init__(self, max_threads=None, max_waiting=None):
         self._cond = threading.Condition()
         self._jobs = collections.deque()
         self._idle = 0
+        self._threads = 0
+        self._max_threads = max_threads or MAX_HANDLERS
+        self._max_waiting = max_waiting or MAX_WAITING
+
+    @property
+    def threads(self):
+        return self._threads
 
     def submit(self, job):
+        """False when the queue is full (the caller closes the connection)."""
         with self._cond:
+            if len(self._jobs) >= self._max_waiting:
+                return False
             self._jobs.append(job)
             if self._idle >= len(self._jobs):
                 self._cond.notify()
-                return
+                return True
+            if self._threads >= self._max_threads:
+                return True  # a busy thread takes it when it is done
+            self._threads += 1
         worker = threading.Thread(target=self._run, name="relay-conn")
         worker.daemon = True
         worker.start()
+        return True
 
     def _run(self):
-        while True:
-            with self._cond:
-                if not self._jobs:
-                    self._idle += 1
-                    notified = self._cond.wait(HANDLER_IDLE_SECONDS)
-                    self._idle -= 1
+        try:
+            while True:
+                with self._cond:
                     if not self._jobs:
-                        if notified:
-                            continue  # another thread took it first: stay
-                        return
-                job = self._jobs.popleft()
-            handle(*job)
+                        self._idle += 1
+                        notified = self._cond.wait(HANDLER_IDLE_SECONDS)
+                        self._idle -= 1
+                        if not self._jobs:
+                            if notified:
+                                continue  # another thread took it first: stay
+                            return
+                    job = self._jobs.popleft()
+                handle(*job)
+        finally:
+            with self._cond:
+                self._threads -= 1
 
 
 HANDLER_IDLE_SECONDS = 30.0
@@ -789,9 +1015,95 @@ def _listen(address, family, exact, ports):
                 _fmt((candidate, exc.port)), exc.port, _errtext(exc))
             if exact or exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
                 raise ListenError(last)
+            holder = _wildcard_holder(exc.port) if exc.errno == errno.EADDRINUSE else None
+            if holder is not None:
+                # Every address of the range is taken on that port: trying others cannot help.
+                raise ListenError("%s: %s, which takes the port on every address of this node; "
+                                  "choose another listen port for this forward" % (last, holder))
             log("%s; trying another address" % last)
             candidate = _random_address(rng)
     raise ListenError("%s; gave up after %d addresses" % (last, 1 + BIND_ATTEMPTS))
+
+
+def _isolation_line(directory):
+    """`isolation relay=<job|user> sockets=<job|user> via=<how>`: what separates this pod's tunnel
+    from other jobs of the same user. The relay admits only the job's processes with --job-only; the
+    sockets are the job's own only on a mount private to the job (Slurm's job_container/tmpfs, with a
+    carrier inside the job), else every process of the user can open them."""
+    scope = _scope["job"]
+    relay = "job" if scope is not None else "user"
+    via = scope.kind.replace(" ", "-") if scope is not None else "uid"
+    job_id = scope.job_id if scope is not None else os.environ.get("SLURM_JOB_ID", "")
+    sockets = "job" if _on_job_private_mount(directory, job_id) else "user"
+    return "isolation relay=%s sockets=%s via=%s" % (relay, sockets, via)
+
+
+def _on_job_private_mount(directory, job_id):
+    """Whether DIRECTORY lies on a mount of this job's own (job_container/tmpfs mounts
+    <BasePath>/<job>/.<job> on /tmp in the job's mount namespace)."""
+    if not job_id:
+        return False
+    try:
+        path = os.path.realpath(directory)
+    except OSError:
+        return False
+    best, private = -1, False
+    for line in (_read("/proc/self/mountinfo") or b"").decode("utf-8", "replace").split("\n"):
+        fields = line.split(" ")
+        if len(fields) < 5:
+            continue
+        root, point = fields[3], fields[4]
+        if point != "/" and not (path == point or path.startswith(point.rstrip("/") + "/")):
+            continue
+        if len(point) > best:
+            best = len(point)
+            private = ("/%s/" % job_id) in (root + "/") or root.endswith("/.%s" % job_id)
+    return private
+
+
+def _set_not_dumpable():
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except Exception as exc:  # noqa: BLE001 - a relay without it still refuses other jobs
+        log("cannot make the relay non-dumpable: %s" % exc)
+
+
+def _user_name(uid):
+    try:
+        import pwd
+        return "uid %d (%s)" % (uid, pwd.getpwuid(uid).pw_name)
+    except (ImportError, KeyError):
+        return "uid %d" % uid
+
+
+def _wildcard_holder(port):
+    """Who listens on 0.0.0.0:PORT or [::]:PORT (from /proc/net/tcp{,6}), in words; None if nobody."""
+    wanted = {PROC_NET_FILES[0]: b"00000000:%04X" % port, PROC_NET_FILES[1]: b"0" * 32 + b":%04X" % port}
+    for path, local in wanted.items():
+        data = _read(path) or b""
+        for line in data.split(b"\n")[1:]:
+            fields = line.split()
+            if len(fields) < 10 or fields[1].upper() != local or fields[3].upper() != TCP_LISTEN:
+                continue
+            try:
+                uid, inode = int(fields[7]), int(fields[9])
+            except ValueError:
+                continue
+            where = "0.0.0.0" if path == PROC_NET_FILES[0] else "[::]"
+            who = _user_name(uid)
+            if uid == os.getuid():
+                target = "socket:[%d]" % inode
+                for name in os.listdir("/proc"):
+                    if name.isdigit() and JobScope._holds(int(name), target):
+                        fields_of = _stat_fields(int(name))
+                        who += ", pid %s (%s)" % (name, fields_of[0] if fields_of else "?")
+                        break
+            else:
+                who += ", a process of another user"
+            return "%s:%d is held by %s" % (where, port, who)
+    return None
 
 
 def _listen_groups(uid_bytes, binds, forwards):
@@ -855,6 +1167,10 @@ def serve(args):
     os.umask(0o077)
     job_shell = os.getppid()
     my_uid = os.getuid()
+    if args.job_only:
+        _scope["job"] = JobScope(job_shell, os.environ.get("SLURM_JOB_ID", ""), my_uid)
+        # Another process of the user may not read this one's memory or descriptors, nor trace it.
+        _set_not_dumpable()
 
     identity = _dir_identity(directory)
     if identity is None or identity == "unknown":
@@ -871,7 +1187,8 @@ def serve(args):
         except ListenError as exc:
             log(str(exc))
             return 1
-        sys.stdout.write("ready %s\n" % " ".join(addresses))
+        # One write: whoever reads the ready line finds the isolation line with it.
+        sys.stdout.write("ready %s\n%s\n" % (" ".join(addresses), _isolation_line(directory)))
         sys.stdout.flush()
         return _hold(data, directory, identity, job_shell, my_uid)
     except Stop:
@@ -1045,7 +1362,9 @@ def _accept_all(listener, data, my_uid):
             return
         try:
             client.setblocking(True)
-            _handlers.submit((client, label, path, my_uid))
+            if not _handlers.submit((client, label, path, my_uid)):
+                _close(client)
+                _refusals.refused("%s: %d connections are waiting to be checked already" % (label, MAX_WAITING))
         except Exception as exc:
             _close(client)
             log("%s: cannot handle a connection: %s" % (label, _errtext(exc)))

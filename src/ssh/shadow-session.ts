@@ -1,8 +1,10 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client, ClientChannel } from 'ssh2';
+import type { TunnelIsolation } from '../machines/pod-types.js';
 import {
   DEAD_JOB_DIR_REMOVED,
   PREPARE_DIR_MISSING,
+  parseRelayIsolation,
   parseRelayReady,
   parseSocketInodes,
   renderPrepareSockets,
@@ -31,7 +33,7 @@ export type ShadowPhase =
   | { type: 'BATCH_HOST'; batchHost: string; jobId: string }
   | { type: 'CARRIER_OPEN' }
   /** addresses: the relay's, one per Service group, as it reported them on the node (absent when unread). */
-  | { type: 'FORWARDS_READY'; addresses?: string[] }
+  | { type: 'FORWARDS_READY'; addresses?: string[]; isolation?: TunnelIsolation }
   | { type: 'SOCKETS_VANISHED' }
   /** trapMissed: the job ended without its trap (its socket dir was left on the node), and the session removed the dir. */
   | { type: 'JOB_ENDED'; state: string; trapMissed?: true }
@@ -241,9 +243,13 @@ export class ShadowSession {
       await this.socks.establish();
       await this.checkpoint();
     }
-    const addresses = await this.relayAddresses(client);
+    const relay = await this.relayReady(client);
     await this.checkpoint();
-    this.report({ type: 'FORWARDS_READY', ...(addresses ? { addresses } : {}) });
+    this.report({
+      type: 'FORWARDS_READY',
+      ...(relay?.addresses ? { addresses: relay.addresses } : {}),
+      ...(relay?.isolation ? { isolation: relay.isolation } : {}),
+    });
     return undefined;
   }
 
@@ -420,14 +426,17 @@ export class ShadowSession {
    * The addresses the job's relay holds (its ready file): the derived ones unless one was taken on the
    * node. For `status`; undefined when unreadable (an older prelude, a slow node), which fails nothing.
    */
-  private async relayAddresses(client: Client): Promise<string[] | undefined> {
+  private async relayReady(
+    client: Client,
+  ): Promise<{ addresses: string[] | undefined; isolation: TunnelIsolation | undefined } | undefined> {
     // A SOCKS-only pod has no relay: nothing to wait for.
     if (this.opts.plan.forwards.length === 0) return undefined;
     const result = await execCapture(client, '/bin/sh -s', {
       stdin: renderRelayReady(this.opts.plan.socketDir),
       timeoutMs: 10_000,
     }).catch(() => undefined);
-    return result?.code === 0 ? parseRelayReady(result.stdout) : undefined;
+    if (result?.code !== 0) return undefined;
+    return { addresses: parseRelayReady(result.stdout), isolation: parseRelayIsolation(result.stdout) };
   }
 
   /** Notes the inode of every socket this session bound, for its teardown to remove exactly those. */

@@ -52,6 +52,13 @@ export class RedisKeys {
   leaseToken(): string {
     return `${this.prefix}lease-token`;
   }
+  /**
+   * Sorted set: namespaces whose pods came up on a site that separates tunnels by Unix user only,
+   * scored by when last seen (ms); a day's worth, with a TTL (SharedUserWarning).
+   */
+  userNamespaces(): string {
+    return `${this.prefix}user-namespaces`;
+  }
   /** Hash: session host id → JSON (capacity, load, heartbeat). */
   hosts(): string {
     return `${this.prefix}hosts`;

@@ -58,6 +58,7 @@ function eventOf(phase: ShadowPhase, generation: number, lease: number, hostId: 
       return {
         type: 'FORWARDS_READY',
         ...(phase.addresses ? { addresses: phase.addresses } : {}),
+        ...(phase.isolation ? { isolation: phase.isolation } : {}),
         generation,
         lease,
         at,

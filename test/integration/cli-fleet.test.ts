@@ -387,8 +387,13 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
     ]);
     expect(run.code).toBe(1);
     expect(run.stdout).toBe('');
-    expect(run.stderr).toMatch(/^backhaul: cannot reach Redis at redis:\/\/\S*127\.0\.0\.1:1\b.*ECONNREFUSED/);
-    expect(run.stderr.trim().split('\n')).toHaveLength(1);
+    // A password on the command line is warned about (ps shows it), then the one line saying what failed.
+    const [warning, failure, ...more] = run.stderr.trim().split('\n');
+    expect(warning).toMatch(
+      /^backhaul: warning: the --redis URL carries a password, which every user of this machine can read in ps/,
+    );
+    expect(failure).toMatch(/^backhaul: cannot reach Redis at redis:\/\/\S*127\.0\.0\.1:1\b.*ECONNREFUSED/);
+    expect(more).toEqual([]);
     expect(run.stderr).not.toContain('hunter2');
     expect(viaEnv.code).toBe(1);
     expect(viaEnv.stderr).toBe(

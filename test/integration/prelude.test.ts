@@ -27,6 +27,7 @@ import {
   eventually,
   findProcesses,
   gone,
+  HOLD_LINE,
   processInfo,
   type RunningScript,
   STATE_SNIPPET,
@@ -199,17 +200,30 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
       expect(state.addr).toBe(a);
       expect(hosts, script.stderr).toContain(`${a} pg-a.user.svc.cluster.local pg-a.user.svc pg-a.user pg-a`);
       expect(hosts).toContain(`${b} pg-b.user.svc.cluster.local pg-b.user.svc pg-b.user pg-b`);
-      // Each name's address and the unchanged port reach that Service's socket, as the job's user.
-      const read = async (host: string) => {
-        const client = await runAs(job, '/usr/bin/python3', [
-          '-c',
-          'import socket,sys; s=socket.create_connection((sys.argv[1], 5432)); print(s.recv(64).decode().strip())',
-          host,
-        ]);
-        return `${client.stdout.trim()}${client.stderr}`;
-      };
+      // Each name's address and the unchanged port reach that Service's socket, from the job itself.
+      const read = async (host: string) =>
+        (
+          await script.inJob(
+            `/usr/bin/python3 -c 'import socket,sys; s=socket.create_connection((sys.argv[1], 5432)); print(s.recv(64).decode().strip())' ${host} 2>&1`,
+          )
+        ).trim();
       expect(await read(a)).toBe('5432.sock');
       expect(await read(b)).toBe('5432.2.sock');
+      // The job's user from outside the job (another job, a login shell): refused, and the relay says why.
+      const outside = await runAs(job, '/usr/bin/python3', [
+        '-c',
+        'import socket,sys; s=socket.create_connection((sys.argv[1], 5432)); print(repr(s.recv(64)))',
+        a,
+      ]);
+      expect(outside.stdout.trim(), outside.stderr).toBe("b''");
+      expect(
+        await eventually(() =>
+          /refused 127\.[\d.]+:\d+ -> 127\.[\d.]+:5432: pid \d+ \(python3\) is not a process of job \? \(process tree\)/.test(
+            script.stderr,
+          ),
+        ),
+        script.stderr,
+      ).toBe(true);
     } finally {
       await Promise.all(servers.map((s) => new Promise((resolve) => s.close(resolve))));
     }
@@ -289,7 +303,7 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
   it('cleans up when Slurm sends TERM (scancel)', async () => {
     const uid = newUid('term');
     const dir = socketDir('/tmp', uid);
-    const snippet = STATE_SNIPPET.replace('read -r bh_test_go || :', 'sleep 600');
+    const snippet = STATE_SNIPPET.replace(HOLD_LINE, 'sleep 600');
     const script = await start(shell, prelude('redis:6379', { WaitForForwards: 1000 }) + snippet, {
       SLURM_JOB_NAME: uid,
     });
@@ -335,7 +349,7 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
   it('finishes its cleanup when TERM comes again and again meanwhile (Slurm, a second scancel)', async () => {
     const uid = newUid('term-again');
     const dir = socketDir('/tmp', uid);
-    const snippet = STATE_SNIPPET.replace('read -r bh_test_go || :', 'sleep 600');
+    const snippet = STATE_SNIPPET.replace(HOLD_LINE, 'sleep 600');
     const script = await start(shell, prelude('redis:6379', { WaitForForwards: 1000 }) + snippet, {
       SLURM_JOB_NAME: uid,
     });
@@ -702,13 +716,11 @@ describe('the relay under attack from other users of the node (bash)', () => {
     expect(script.stderr).toMatch(
       new RegExp(`the relay process ${relaying} was killed by SIGKILL; starting another on the same listeners`),
     );
-    // Still relaying: a client of the job's user is passed on (to a socket that is not there: closed, logged).
-    const probe = await runAs(job, '/usr/bin/python3', [
-      '-c',
-      'import socket,sys; s=socket.create_connection((sys.argv[1], 6379)); print(s.recv(1) == b"")',
-      state.addr ?? '',
-    ]);
-    expect(probe.stdout.trim(), probe.stderr).toBe('True');
+    // Still relaying: a client of the job is passed on (to a socket that is not there: closed, logged).
+    const probe = await script.inJob(
+      `/usr/bin/python3 -c 'import socket,sys; s=socket.create_connection((sys.argv[1], 6379)); print(s.recv(1) == b"")' ${state.addr ?? ''} 2>&1`,
+    );
+    expect(probe.trim()).toBe('True');
     expect(await eventually(() => script.stderr.includes(`cannot connect ${dir}/6379.sock`))).toBe(true);
     expect((await script.finish()).code).toBe(0);
   }, 30_000);

@@ -478,7 +478,8 @@ describe('relay.py serve', () => {
       { env: { BH_TEST_JOB_NAME: uid } },
     );
     expect(await relay.ready).toBe(`ready ${address}`);
-    expect(relay.stdout()).toBe(`ready ${address}\n`);
+    // The ready line, then what separates the tunnel: without --job-only, every process of the user.
+    expect(relay.stdout()).toBe(`ready ${address}\nisolation relay=user sockets=user via=uid\n`);
 
     const first = await exchange(address, p1, 'hello through the relay\n');
     expect(first.error).toBeUndefined();

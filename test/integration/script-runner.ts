@@ -16,7 +16,13 @@ export function uniqueUid(label: string): string {
   return `bhtest-${label}-${process.pid}-${randomBytes(4).toString('hex')}`;
 }
 
-/** Prints the state a test checks, then holds until the test writes a line. */
+/**
+ * Prints the state a test checks, then holds until the test writes `go` (or closes stdin); any other
+ * line is a command run inside the job, as its workload would (RunningScript.inJob).
+ */
+/** The line of STATE_SNIPPET that holds the job (a test replaces it with `sleep 600` to hold it otherwise). */
+export const HOLD_LINE = 'while IFS= read -r bh_test_go; do [ "$bh_test_go" = go ] && break; eval "$bh_test_go"; done';
+
 export const STATE_SNIPPET = [
   'echo "state pid=$$"',
   'echo "state dir=${BACKHAUL_SOCKET_DIR-<unset>}"',
@@ -26,7 +32,7 @@ export const STATE_SNIPPET = [
   'echo "state singularity=${SINGULARITY_BIND-<unset>}"',
   'echo "state umask=$(umask)"',
   'echo checkpoint',
-  'read -r bh_test_go || :',
+  HOLD_LINE,
   'echo workload-done',
   '',
 ].join('\n');
@@ -100,6 +106,19 @@ export class RunningScript {
 
   release(): void {
     this.child.stdin?.write('go\n');
+  }
+
+  private commands = 0;
+
+  /** Runs COMMAND (sh) inside the job, as a child of its shell, and returns what it printed. */
+  async inJob(command: string, timeoutMs = 20_000): Promise<string> {
+    this.commands += 1;
+    const marker = `in-job-done-${this.commands}`;
+    const start = this.stdout.length;
+    this.child.stdin?.write(`${command}; echo ${marker}\n`);
+    await this.waitFor(new RegExp(`^${marker}$`, 'm'), 'stdout', timeoutMs);
+    const out = this.stdout.slice(start);
+    return out.slice(0, out.indexOf(marker));
   }
 
   async finish(timeoutMs = 20_000): Promise<Exit> {

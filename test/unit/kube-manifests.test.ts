@@ -129,6 +129,42 @@ describe('deploy/: every manifest loads with the client library', () => {
     expect(sshRule?.to[0]?.ipBlock).toBeDefined();
   });
 
+  it('lets only the API server reach the webhook and only the scraper the health port (issue 25, item 4)', () => {
+    type Ingress = {
+      _from: Array<{ ipBlock?: { cidr: string }; namespaceSelector?: unknown; podSelector?: unknown }>;
+      ports: { port: number }[];
+    };
+    const ingressOf = (name: string) =>
+      find<{
+        spec: { podSelector: { matchLabels: Record<string, string> }; policyTypes: string[]; ingress: Ingress[] };
+      }>('NetworkPolicy', name).spec;
+    const webhook = ingressOf('backhaul-webhook-ingress');
+    expect(webhook.policyTypes).toEqual(['Ingress']);
+    expect(webhook.podSelector.matchLabels['app.kubernetes.io/component']).toBe('webhook');
+    // No pod at all: an address range (the API server's), on the webhook's port only.
+    // (the client library names `from` `_from`)
+    expect(webhook.ingress.flatMap((rule) => rule._from.map((peer) => Object.keys(peer)))).toEqual([['ipBlock']]);
+    expect(webhook.ingress.flatMap((rule) => rule.ports.map((p) => p.port))).toEqual([8443]);
+    const fleet = ingressOf('backhaul-fleet-ingress');
+    expect(fleet.podSelector.matchLabels['app.kubernetes.io/component']).toBe('fleet');
+    expect(fleet.ingress).toEqual([
+      {
+        _from: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'monitoring' } } }],
+        ports: [{ port: 8081, protocol: 'TCP' }],
+      },
+    ]);
+    // Every port the two Deployments open is one of these.
+    for (const [deployment, ports] of [
+      ['backhaul-webhook', [8443]],
+      ['backhaul-fleet', [8081]],
+    ] as const) {
+      const opened = find<V1Deployment>('Deployment', deployment).spec?.template.spec?.containers.flatMap((c) =>
+        (c.ports ?? []).map((p) => p.containerPort),
+      );
+      expect(opened).toEqual(ports);
+    }
+  });
+
   it('puts every namespaced object in the backhaul namespace', () => {
     const clusterScoped = new Set([
       'Namespace',
@@ -309,12 +345,11 @@ describe('deploy/: the admission webhook configurations', () => {
       { operations, apiGroups: [''], apiVersions: ['v1'], resources: ['pods'], scope: 'Namespaced' },
     ]);
     expect(hook?.namespaceSelector?.matchLabels).toEqual({ 'interlink.eu/backhaul': 'enabled' });
-    // backhaul's own pods never wait for the webhook.
-    expect(hook?.objectSelector?.matchExpressions).toEqual([
-      { key: 'app.kubernetes.io/part-of', operator: 'NotIn', values: ['backhaul'] },
+    // backhaul's own namespace never waits for the webhook; no label a tenant can set skips it.
+    expect(hook?.namespaceSelector?.matchExpressions).toEqual([
+      { key: 'kubernetes.io/metadata.name', operator: 'NotIn', values: ['backhaul'] },
     ]);
-    const webhookPods = find<V1Deployment>('Deployment', 'backhaul-webhook').spec?.template.metadata?.labels;
-    expect(webhookPods?.['app.kubernetes.io/part-of']).toBe('backhaul');
+    expect(hook?.objectSelector).toBeUndefined();
   });
 
   it('reinvokes the mutation if a later webhook changes the pod (the patch is idempotent)', () => {
@@ -329,8 +364,12 @@ describe('deploy/: the admission webhook configurations', () => {
     expect(hook?.clientConfig.service?.name).toBe(service.metadata?.name);
     // The complement of the other webhooks' namespaceSelector: NotIn also matches a missing label.
     expect(hook?.namespaceSelector).toEqual({
-      matchExpressions: [{ key: 'interlink.eu/backhaul', operator: 'NotIn', values: ['enabled'] }],
+      matchExpressions: [
+        { key: 'interlink.eu/backhaul', operator: 'NotIn', values: ['enabled'] },
+        { key: 'kubernetes.io/metadata.name', operator: 'NotIn', values: ['backhaul'] },
+      ],
     });
+    expect(hook?.objectSelector).toBeUndefined();
     expect(hook?.failurePolicy).toBe('Ignore');
     expect(hook?.sideEffects).toBe('None');
     expect(hook?.rules).toEqual([

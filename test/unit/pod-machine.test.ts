@@ -977,6 +977,7 @@ describe('pod machine: version', () => {
         'forwardsReadyAt',
         'generation',
         'host',
+        'isolation',
         'jobId',
         'lastError',
         'name',
@@ -998,6 +999,7 @@ describe('pod machine: version', () => {
     // An optional field added keeps the version: a snapshot stored without it restores, and one with it
     // restores on a build that does not know it (zod drops keys it does not know).
     expect(required).not.toContain('relayAddresses');
+    expect(required).not.toContain('isolation');
   });
 
   it('keeps the relay addresses of FORWARDS_READY, and restores snapshots stored without them', () => {
@@ -1013,7 +1015,13 @@ describe('pod machine: version', () => {
       { type: 'BATCH_HOST', batchHost: 'n1', jobId: '7', at: T0 + 4, generation: 1 },
       { type: 'CARRIER_OPEN', at: T0 + 5, generation: 1 },
       // As it comes from a queue job: JSON, checked by the event schema.
-      { type: 'FORWARDS_READY', addresses: ['127.9.8.7', '127.200.1.2'], at: T0 + 6, generation: 1 },
+      {
+        type: 'FORWARDS_READY',
+        addresses: ['127.9.8.7', '127.200.1.2'],
+        isolation: { relay: 'job', sockets: 'user' },
+        at: T0 + 6,
+        generation: 1,
+      },
     ];
     for (const data of events) {
       const parsed = parsePodEvent(JSON.parse(JSON.stringify(data)));
@@ -1024,6 +1032,10 @@ describe('pod machine: version', () => {
     expect(snapshot.context.relayAddresses).toEqual(['127.9.8.7', '127.200.1.2']);
     const again = restorePod(JSON.parse(JSON.stringify(persistPod(snapshot))));
     expect(again.ok && again.snapshot.context.relayAddresses).toEqual(['127.9.8.7', '127.200.1.2']);
+    expect(again.ok && again.snapshot.context.isolation).toEqual({ relay: 'job', sockets: 'user' });
+    expect(
+      parsePodEvent({ type: 'FORWARDS_READY', isolation: { relay: 'pod', sockets: 'user' }, at: T0, generation: 1 }).ok,
+    ).toBe(false);
     expect(parsePodEvent({ type: 'FORWARDS_READY', addresses: [], at: T0, generation: 1 }).ok).toBe(false);
   });
 

@@ -1,0 +1,170 @@
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { restorePod } from '../../src/machines/pod-machine.js';
+import { sendEvent } from '../../src/pods/queues.js';
+import { ANNOTATION } from '../../src/spec/annotations.js';
+import { NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
+import { type ProcessFleetSite, privateRedis, processFleetSite } from '../fixtures/fleet-harness.js';
+import { type KubeHarness, kubeHarness } from '../fixtures/kube-harness.js';
+import { jobScript, PYTHON, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
+import { cancelSubmittedJobs, sbatch } from '../fixtures/slurm.js';
+import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
+
+const DB = 11;
+
+/**
+ * Issue 25, item 2: two pods whose jobs run as the one site user, on one node (interLink submits every
+ * pod's job as the same user). Pod B's workload tries pod A's tunnel both ways: A's relay address
+ * (refused: the relay admits only A's job's processes, not every process of the user) and A's socket
+ * path (reached: on this site the sockets are the user's, which A's relay reports, and the fleet warns
+ * A and B, pods of two namespaces, once each).
+ */
+describe('two pods of one site user on one node', () => {
+  let kube: KubeHarness;
+  let redis: Awaited<ReturnType<typeof privateRedis>>;
+  let site: ProcessFleetSite;
+  const workers: WorkerProcess[] = [];
+
+  beforeAll(async () => {
+    kube = await kubeHarness();
+    redis = await privateRedis(DB);
+    site = await processFleetSite(
+      redis.url,
+      {},
+      {
+        Kubernetes: { Kubeconfig: kube.kubeconfigFile, ...NO_CLUSTER_CHECKS, PodCondition: false },
+      },
+    );
+    workers.push(
+      startWorker(site.configPath, redis.url, 'control', 'control-iso'),
+      startWorker(site.configPath, redis.url, 'session', 'host-iso'),
+    );
+    await Promise.all(workers.map((w) => workerStarted(w)));
+  }, 120_000);
+
+  afterAll(async () => {
+    for (const w of workers) {
+      w.kill('SIGKILL');
+      await w.exited;
+    }
+    await cancelSubmittedJobs();
+    await site?.close();
+    await redis?.close();
+    await kube?.close();
+  });
+
+  async function active(podUid: string) {
+    return waitFor(
+      `pod ${podUid} active`,
+      async () => {
+        const stored = await site.deps.store.load(podUid);
+        if (stored?.state !== 'active') return undefined;
+        const restored = restorePod(stored.snapshot);
+        return restored.ok ? restored.snapshot.context : undefined;
+      },
+      90_000,
+    );
+  }
+
+  async function submit(podUid: string, namespace: string, name: string, forwards: string, body: string, out: string) {
+    kube.api.createPod({ metadata: { name, namespace, annotations: { [ANNOTATION.forwards]: forwards } } });
+    await sbatch(site.h.site.user, jobScript(site.h, planFor(site.h, podUid, forwards), body), {
+      jobName: podUid,
+      output: out,
+    });
+    await sendEvent(site.deps.queues, podUid, {
+      type: 'POD_UPSERT',
+      namespace,
+      name,
+      annotations: { [ANNOTATION.forwards]: forwards },
+      at: Date.now(),
+    });
+  }
+
+  it("B's workload is refused at A's relay address; A's socket path is the user's, and both pods are warned", async () => {
+    const { h, echo } = site;
+    const a = uid();
+    const b = uid();
+    const aForwards = `15701:127.0.0.1:${echo.port}`;
+    const aPlan = planFor(h, a, aForwards);
+    const aAddress = aPlan.forwards[0]?.bindAddress ?? '';
+    const aSocket = aPlan.forwards[0]?.socketPath ?? '';
+    const aOut = join(h.workdir, 'a.out');
+    const bOut = join(h.workdir, 'b.out');
+    // A: its own workload uses its tunnel (this one is admitted), then waits.
+    await submit(
+      a,
+      'team-a',
+      'pod-a',
+      aForwards,
+      `${PYTHON} - <<'PYEOF'
+import os, socket
+s = socket.create_connection((os.environ['BACKHAUL_BIND_ADDRESS'], 15701), timeout=5)
+s.sendall(b'mine'); s.shutdown(socket.SHUT_WR)
+print('own', s.recv(16).decode(), flush=True)
+PYEOF
+sleep 300
+`,
+      aOut,
+    );
+    const aContext = await active(a);
+    expect(aContext.isolation).toEqual({ relay: 'job', sockets: 'user' });
+    await waitFor('A reached its own endpoint', async () =>
+      (await readFile(aOut, 'utf8').catch(() => '')).includes('own mine') ? true : undefined,
+    );
+
+    // B: another job of the same user and node tries A's relay address, then A's socket path.
+    await submit(
+      b,
+      'team-b',
+      'pod-b',
+      `15702:127.0.0.1:${echo.port}`,
+      `${PYTHON} - <<'PYEOF'
+import socket
+def attempt(kind, target):
+    s = socket.socket(socket.AF_UNIX if kind == 'socket' else socket.AF_INET)
+    s.settimeout(5)
+    try:
+        s.connect(target)
+        s.sendall(b'theirs'); s.shutdown(socket.SHUT_WR)
+        got = s.recv(16)
+        print(kind, 'reached' if got == b'theirs' else 'closed', flush=True)
+    except OSError as exc:
+        print(kind, 'closed', exc.__class__.__name__, flush=True)
+attempt('relay', ('${aAddress}', 15701))
+attempt('socket', '${aSocket}')
+PYEOF
+sleep 300
+`,
+      bOut,
+    );
+    await active(b);
+    const said = await waitFor('B tried both', async () => {
+      const text = await readFile(bOut, 'utf8').catch(() => '');
+      return text.includes('socket ') ? text : undefined;
+    });
+    expect(said, said).toMatch(/^relay closed/m);
+    // The level the site gets: per job at the relay, per user for the sockets (node mode, no job_container).
+    expect(said, said).toMatch(/^socket reached$/m);
+    const aLog = await readFile(aOut, 'utf8');
+    expect(aLog, aLog).toMatch(
+      /backhaul-relay: refused .* -> 127\.[\d.]+:15701: pid \d+ \(python3\) is not a process of job \d+ \(process tree\)/,
+    );
+
+    // The Warning: B's pod comes up while pods of team-a run as the same user.
+    const warnings = await waitFor('the shared-user Warning on pod-b', async () => {
+      const events = kube.api
+        .listEvents('team-b')
+        .filter(
+          (e) => e.reason === 'ReverseTunnelSharedUser' && (e.involvedObject as { name?: string }).name === 'pod-b',
+        );
+      return events.length > 0 ? events : undefined;
+    });
+    expect(warnings[0]?.type).toBe('Warning');
+    expect(String(warnings[0]?.message)).toContain(
+      "its relay admits only this pod's job, but its forward sockets can be opened by every process of that user",
+    );
+    expect(String(warnings[0]?.message)).toContain('pods of other namespaces (team-a)');
+  }, 240_000);
+});
