@@ -817,8 +817,8 @@ class RefusalLog(object):
         with self._lock:
             if now - self._start >= self._window:
                 if self._quiet:
-                    summary = "%d more connections refused in the last %d s (not logged one by one)" % (
-                        self._quiet, int(self._window))
+                    summary = "%d more connections refused in the last %g s (not logged one by one)" % (
+                        self._quiet, self._window)
                 self._start, self._count, self._quiet = now, 0, 0
             self._count += 1
             if self._count > self._lines:

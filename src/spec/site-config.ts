@@ -163,8 +163,16 @@ export const backhaulSchema = z.strictObject({
       PasswordFile: z.string().min(1).optional(),
     })
     .prefault({}),
-  /** Shadow sessions one session host holds at once. */
+  /** Carriers (shadows whose jobs run) one session host holds at once. */
   SessionCapacity: z.number().int().min(1).max(10_000).default(200),
+  /**
+   * Shadows one session host holds while their jobs are pending, besides SessionCapacity: they hold no
+   * carrier, only a share of one batched squeue, so pods waiting for their jobs never keep a running
+   * job's pod from its tunnel.
+   */
+  PendingCapacity: z.number().int().min(0).max(100_000).default(2_000),
+  /** Carriers one namespace may hold on one session host (fairness between tenants); default SessionCapacity. */
+  NamespaceCapacity: z.number().int().min(1).max(10_000).optional(),
   /**
    * Worker threads that carry a session host's tunnels: carriers, forwards, endpoint sockets ("auto":
    * one per core, at most 8; 0: all on the session host's own thread). docs/PERFORMANCE.md "Many cores".

@@ -42,7 +42,7 @@ export class LoginHopService {
       this.leases.set(id, lease);
       return { lease: id };
     }
-    if (request.method === 'fence' || request.method === 'service') {
+    if (request.method === 'fence' || request.method === 'service' || request.method === 'slot') {
       throw new Error(`${request.method} calls are answered by the tunnel thread's owner`);
     }
     if (request.method === 'release') {

@@ -65,6 +65,11 @@ export interface ShadowSessionOptions {
   /** Where Services are looked up (the Kubernetes API) and the fleet's own addresses; none: aliases only. */
   directory?: ServiceDirectory;
   /**
+   * A carrier slot of the session host (CarrierSlots), taken once the job runs and before BATCH_HOST is
+   * reported; the release is called at the end. Absent: no limit (tests of the session alone).
+   */
+  carrierSlot?: (namespace: string, signal: AbortSignal) => Promise<() => void>;
+  /**
    * Whether this session still holds its pod's lease, asked right before anything is bound on the
    * node: a session that lost it (a stale host, woken after another took over) must not take the
    * sockets back. Absent: always (tests of the session alone).
@@ -123,6 +128,7 @@ export class ShadowSession {
   private readonly owned = new Map<string, string>();
   private closing: Promise<void> | undefined;
   private closeReason = 'closed';
+  private releaseSlot: (() => void) | undefined;
   private job: SlurmJob | undefined;
   /** Settles when the setup (lease to forwards) has finished or stopped. */
   private settingUp: Promise<void> = Promise.resolve();
@@ -201,6 +207,11 @@ export class ShadowSession {
     await this.checkpoint();
     const endedBefore = endOf(job);
     if (endedBefore) return endedBefore;
+    if (this.opts.carrierSlot) {
+      // Waiting for a slot is waiting for the job's tunnel: the pod stays in waitingBatchHost meanwhile.
+      this.releaseSlot = await this.opts.carrierSlot(plan.namespace, this.abort.signal);
+      await this.checkpoint();
+    }
     this.job = job;
     const batchHost = job.batchHost ?? '';
     this.report({ type: 'BATCH_HOST', batchHost, jobId: job.jobId });
@@ -500,7 +511,12 @@ export class ShadowSession {
     // that what it obtains is released here rather than left behind.
     await within(this.settingUp, SETUP_SETTLE_MS);
     this.tornDown = true;
-    await this.release();
+    try {
+      await this.release();
+    } finally {
+      // The carrier is closed: its slot is another shadow's.
+      this.releaseSlot?.();
+    }
   }
 
   /**

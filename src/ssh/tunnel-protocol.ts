@@ -20,10 +20,12 @@ import type { SlurmJob } from './slurm-job.js';
 export type ShadowStart = Omit<ShadowSessionOptions, ShadowCallbacks> & {
   /** The session host answers `fence` calls for this shadow (its options had a fence). */
   fenced: boolean;
+  /** The session host answers `slot` calls for this shadow (its options had a carrierSlot). */
+  slotted: boolean;
 };
 
 /** The options that are functions or live objects: the thread provides its own (tunnel-thread.ts). */
-export type ShadowCallbacks = 'pool' | 'onPhase' | 'log' | 'fence' | 'directory';
+export type ShadowCallbacks = 'pool' | 'onPhase' | 'log' | 'fence' | 'directory' | 'carrierSlot';
 
 /** The login hop's methods, as calls from a thread to the session host. */
 export type HopCall =
@@ -36,7 +38,9 @@ export type HopCall =
   /** Whether the session host still holds the lease of shadow `shadow`'s pod (ShadowSessionOptions.fence). */
   | { method: 'fence'; shadow: string }
   /** A Service as the session host's directory has it (the Kubernetes API). */
-  | { method: 'service'; namespace: string; name: string };
+  | { method: 'service'; namespace: string; name: string }
+  /** A carrier slot for shadow `shadow` (ShadowSessionOptions.carrierSlot); given back when the shadow ends. */
+  | { method: 'slot'; shadow: string; namespace: string };
 
 export type HopValue =
   | { lease: number }

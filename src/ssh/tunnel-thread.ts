@@ -159,7 +159,7 @@ port.on('message', (message: ToThread) => {
       return;
     case 'start': {
       const { id, shadow } = message;
-      const { fenced, ...options } = shadow;
+      const { fenced, slotted, ...options } = shadow;
       const session = new ShadowSession({
         ...options,
         site: reviveSite(shadow.site),
@@ -170,6 +170,15 @@ port.on('message', (message: ToThread) => {
               fence: async (): Promise<boolean> => {
                 const value = await call({ method: 'fence', shadow: id });
                 return value !== null && 'held' in value && value.held === true;
+              },
+            }
+          : {}),
+        ...(slotted
+          ? {
+              // The session host gives the slot back when the shadow ends (its `end` message).
+              carrierSlot: async (namespace: string) => {
+                await call({ method: 'slot', shadow: id, namespace });
+                return () => undefined;
               },
             }
           : {}),

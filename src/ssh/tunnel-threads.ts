@@ -41,6 +41,9 @@ function threadEntry(): URL {
 
 interface Held {
   opts: ShadowSessionOptions;
+  /** Aborts a carrier slot still being waited for, and gives back one taken (at the shadow's end). */
+  slot: AbortController;
+  releaseSlot?: () => void;
   ended: Promise<ShadowEnd>;
   end(end: ShadowEnd): void;
   closing: Promise<void> | undefined;
@@ -100,9 +103,16 @@ class TunnelThread {
     const ended = new Promise<ShadowEnd>((resolve) => {
       end = resolve;
     });
-    const held: Held = { opts, ended, end: (e) => end(e), closing: undefined, done: false };
+    const held: Held = {
+      opts,
+      slot: new AbortController(),
+      ended,
+      end: (e) => end(e),
+      closing: undefined,
+      done: false,
+    };
     this.held.set(id, held);
-    const { pool: _pool, onPhase: _onPhase, log: _log, directory: _directory, fence, ...data } = opts;
+    const { pool: _pool, onPhase: _onPhase, log: _log, directory: _directory, fence, carrierSlot, ...data } = opts;
     let started = false;
     return {
       run: () => {
@@ -111,7 +121,7 @@ class TunnelThread {
           this.send({
             type: 'start',
             id,
-            shadow: { ...data, fenced: fence !== undefined },
+            shadow: { ...data, fenced: fence !== undefined, slotted: carrierSlot !== undefined },
           });
         }
         return ended;
@@ -155,6 +165,8 @@ class TunnelThread {
     if (!held) return;
     held.done = true;
     this.held.delete(id);
+    held.slot.abort();
+    held.releaseSlot?.();
     held.end(end);
   }
 
@@ -163,6 +175,23 @@ class TunnelThread {
     const asked = fence ? fence() : Promise.resolve(false);
     asked.then(
       (held) => this.send({ type: 'reply', call, ok: true, value: { held } }),
+      (err: unknown) => this.send({ type: 'reply', call, ok: false, error: { message: String(err) } }),
+    );
+  }
+
+  private answerSlot(call: number, id: string, namespace: string): void {
+    const held = this.held.get(id);
+    const acquire = held?.opts.carrierSlot;
+    if (!held || !acquire) {
+      this.send({ type: 'reply', call, ok: true, value: null });
+      return;
+    }
+    acquire(namespace, held.slot.signal).then(
+      (release) => {
+        if (held.done) release();
+        else held.releaseSlot = release;
+        this.send({ type: 'reply', call, ok: true, value: null });
+      },
       (err: unknown) => this.send({ type: 'reply', call, ok: false, error: { message: String(err) } }),
     );
   }
@@ -184,6 +213,8 @@ class TunnelThread {
         if (message.request.method === 'fence') this.answerFence(message.call, message.request.shadow);
         else if (message.request.method === 'service') {
           this.answerService(message.call, message.request.namespace, message.request.name);
+        } else if (message.request.method === 'slot') {
+          this.answerSlot(message.call, message.request.shadow, message.request.namespace);
         } else this.service.serve(message.call, message.request);
         return;
       case 'phase':

@@ -13,6 +13,9 @@ import {
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { readPod } from '../pods/pod-reader.js';
 import { QUEUE_NAMES, type SessionJobData, sendEvent } from '../pods/queues.js';
+import { siteIsolation } from '../site/doctor/isolation-check.js';
+import { carrierMode } from '../spec/carrier-mode.js';
+import { CarrierSlots } from '../ssh/carrier-slots.js';
 import { sshCryptoPath } from '../ssh/crypto-path.js';
 import { dialRulesOf } from '../ssh/endpoint-dial.js';
 import { NO_CLUSTER_DIRECTORY, type ServiceDirectory } from '../ssh/service-directory.js';
@@ -80,6 +83,8 @@ export class SessionHost {
   private readonly holding = new Map<string, Promise<SessionOutcome>>();
   private handingOver = false;
   private readonly heartbeat: NodeJS.Timeout;
+  /** Carriers held at once, overall and per namespace (Backhaul.SessionCapacity, NamespaceCapacity). */
+  private readonly slots: CarrierSlots;
 
   private constructor(
     private readonly deps: FleetDeps,
@@ -90,13 +95,15 @@ export class SessionHost {
     connection: Redis,
     private readonly directory: ServiceDirectory,
   ) {
-    const capacity = deps.config.Backhaul.SessionCapacity;
+    const b = deps.config.Backhaul;
+    this.slots = new CarrierSlots(b.SessionCapacity, b.NamespaceCapacity ?? b.SessionCapacity);
     this.worker = new Worker<SessionJobData, SessionOutcome>(
       QUEUE_NAMES.sessions,
       (job, token) => this.process(job, token),
       {
         connection,
-        concurrency: capacity,
+        // Pending shadows hold no carrier slot: the worker takes as many as both capacities allow.
+        concurrency: b.SessionCapacity + b.PendingCapacity,
         ...SESSION_LOCKS,
         ...(deps.bullPrefix ? { prefix: deps.bullPrefix } : {}),
       },
@@ -139,6 +146,16 @@ export class SessionHost {
         "node runs V8's background GC: on hosts with few cores the tunnels move less (docs/PERFORMANCE.md)",
       );
     }
+    // What separates pods of the site user on this site (README, Security model); each relay reports its own.
+    const isolation = siteIsolation(
+      carrierMode(deps.config.Network.SSH.Reverse),
+      deps.config.Network.SSH.Reverse.SocketRoot,
+      undefined,
+    );
+    deps.log.info(
+      { relay: isolation.relay, sockets: isolation.sockets, detail: isolation.detail },
+      'tunnel isolation of this site (backhaul doctor asks Slurm for more)',
+    );
     await deps.hosts.register(hostId, deps.config.Backhaul.SessionCapacity, 0);
     return new SessionHost(deps, access, tunnels, hostId, connection, directory);
   }
@@ -234,12 +251,19 @@ export class SessionHost {
       jobCheckMs: deps.config.Backhaul.JobCheckInterval,
       dialRules: dialRulesOf(deps.config),
       directory: this.directory,
+      carrierSlot: (namespace, signal) => this.slots.acquire(namespace, signal),
       log: {
         warn: (message, detail) => log.warn(detail ?? {}, message),
         info: (message, detail) => log.info(detail ?? {}, message),
       },
       onPhase: (phase) => {
-        log.info({ phase: phase.type }, 'shadow phase');
+        log.info(
+          {
+            phase: phase.type,
+            ...(phase.type === 'FORWARDS_READY' && phase.isolation ? { isolation: phase.isolation } : {}),
+          },
+          'shadow phase',
+        );
         sendEvent(deps.queues, uid, eventOf(phase, generation, fence, this.hostId, deps.now())).catch((err) =>
           log.error({ err }, 'could not report a phase'),
         );

@@ -27,6 +27,7 @@ const CHECKS = [
   'forwarding',
   'python',
   'socket_root',
+  'isolation',
 ];
 
 interface Row {
@@ -147,7 +148,11 @@ describe('backhaul doctor', () => {
     for (const [i, check] of CHECKS.entries()) {
       expect(lines[i + 1]).toMatch(new RegExp(`^${check.padEnd(11)}  PASS    \\S`));
     }
-    expect(run.stdout).toContain('10 passed, 0 failed, 0 skipped');
+    expect(run.stdout).toContain('11 passed, 0 failed, 0 skipped');
+    // What separates two pods of the site user on this site (linuxproc, no job_container, node carrier).
+    expect(run.stdout).toMatch(
+      /^isolation {4}PASS {4}relay per job \(the job's processes, by the descendants of its shell and its steps \(proctrack\/linuxproc\)\); sockets per user \(carrier node: the node's sshd binds them outside the job\)/m,
+    );
   });
 
   it('fails the forwarding check on the refusing site with the server reason and the fix, leaving no scratch dir', async () => {
@@ -167,7 +172,7 @@ describe('backhaul doctor', () => {
     expect(table.code, said(table)).toBe(1);
     expect(table.stdout).toMatch(/^forwarding {3}FAIL {4}the sshd on bhnode1:\d+ refused/m);
     expect(table.stdout).toMatch(/^ {21}fix: set AllowStreamLocalForwarding remote/m);
-    expect(table.stderr).toContain('1 of 10 checks failed');
+    expect(table.stderr).toContain('1 of 11 checks failed');
     expect(await scratchDirs()).toEqual(before);
   });
 
@@ -203,7 +208,7 @@ describe('backhaul doctor', () => {
     expect(login?.detail).toContain(`host key mismatch for [127.0.0.1]:${allowing.loginPort}`);
     expect(login?.detail).toContain(keyFingerprint(allowing.login.hostKeyPub));
     expect(login?.fix).toContain('ssh-keygen -R');
-    for (const check of ['slurm', 'node', 'forwarding', 'python', 'socket_root']) {
+    for (const check of ['slurm', 'node', 'forwarding', 'python', 'socket_root', 'isolation']) {
       expect(by.get(check), check).toMatchObject({ status: 'SKIP', fix: null });
       expect(by.get(check)?.detail).toContain('login check failed');
     }
@@ -298,6 +303,9 @@ describe('backhaul doctor', () => {
       expect(by.get(check), check).toMatchObject({ status: 'SKIP' });
       expect(by.get(check)?.detail).toContain('srun mode does not ssh to nodes');
     }
+    expect(by.get('isolation')?.detail).toContain(
+      'sockets per user (JobContainerType is job_container/none, not job_container/tmpfs)',
+    );
   });
 
   it('exits 2 naming the key of a bad configuration', async () => {

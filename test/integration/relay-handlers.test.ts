@@ -69,3 +69,64 @@ describe('relay connection handlers', () => {
     });
   }, 60_000);
 });
+
+const FLOOD = `
+import importlib.util, io, json, sys, threading, time
+spec = importlib.util.spec_from_file_location("relay", sys.argv[1])
+relay = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(relay)
+out = {}
+
+# 200 connections whose checks all block: at most MAX_HANDLERS threads, the rest wait; past the queue, refused.
+gate = threading.Event()
+ran = []
+def job(n):
+    ran.append(n)
+    gate.wait(10)
+relay.handle = job
+handlers = relay.Handlers(max_threads=8, max_waiting=100)
+accepted = sum(1 for n in range(8) if handlers.submit((n,)))
+deadline = time.time() + 10
+while len(ran) < 8 and time.time() < deadline:
+    time.sleep(0.01)
+accepted += sum(1 for n in range(8, 200) if handlers.submit((n,)))
+time.sleep(0.2)
+out["threads_while_blocked"] = sum(1 for t in threading.enumerate() if t.name == "relay-conn")
+out["accepted"] = accepted
+gate.set()
+deadline = time.time() + 10
+while len(ran) < accepted and time.time() < deadline:
+    time.sleep(0.01)
+out["ran"] = len(ran)
+
+# 695 refusals in a burst: 20 lines, then one line counting the rest once the window has passed.
+lines = []
+relay.log = lambda message: lines.append(message)
+refusals = relay.RefusalLog(window=0.5)
+for n in range(695):
+    refusals.refused("peer %d: uid 1001 is not the job's uid 1000" % n)
+time.sleep(0.6)
+refusals.refused("late peer")
+out["lines"] = len(lines)
+out["summary"] = [l for l in lines if "more connections refused" in l]
+print(json.dumps(out))
+`;
+
+describe('relay under a flood of connections (issue 25, item 7)', () => {
+  it('caps its handler threads and queue, and logs refusals by the window, not one line each', async () => {
+    const stdout = await new Promise<string>((resolve, reject) =>
+      execFile('/usr/bin/python3', ['-c', FLOOD, RELAY], { timeout: 60_000 }, (err, out, errText) =>
+        err ? reject(new Error(`${err.message}\n${errText}`)) : resolve(out),
+      ),
+    );
+    expect(JSON.parse(stdout), stdout).toEqual({
+      threads_while_blocked: 8,
+      // 8 taken by a thread, 100 waiting; the other 92 refused at once.
+      accepted: 108,
+      ran: 108,
+      // 20 refusals, the count of the other 675, and the late one.
+      lines: 22,
+      summary: ['675 more connections refused in the last 0.5 s (not logged one by one)'],
+    });
+  }, 60_000);
+});

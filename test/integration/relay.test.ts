@@ -821,6 +821,33 @@ describe('relay.py serve', () => {
     expect(await probe(address, free)).toBe('ECONNREFUSED');
   });
 
+  it('says which uid holds a port on every address (a wildcard bind) instead of trying 32 addresses', async () => {
+    const dir = await makeSocketDir(job);
+    const port = await freePort('0.0.0.0');
+    // Another user of the node listens on 0.0.0.0:<port>: no loopback address can have that port.
+    const holder = spawnAs(
+      other,
+      PYTHON,
+      [
+        '-c',
+        `import socket,time\ns=socket.socket(); s.bind(('0.0.0.0', ${port})); s.listen(1); print('held', flush=True); time.sleep(30)`,
+      ],
+      { stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    try {
+      await new Promise<void>((resolve) => holder.stdout?.once('data', () => resolve()));
+      const relay = startRelay(['--uid', 'wildcard', '--socket-dir', dir, '--forward', String(port)], { user: job });
+      await expect(relay.ready).rejects.toThrow(/exited/);
+      expect((await relay.exit).code).toBe(1);
+      expect(relay.stderr()).toContain(
+        `0.0.0.0:${port} is held by uid ${other.uid} (${OTHER_USER}), a process of another user, which takes the port on every address of this node; choose another listen port for this forward`,
+      );
+      expect(relay.stderr()).not.toContain('trying another address');
+    } finally {
+      holder.kill('SIGKILL');
+    }
+  });
+
   it('survives clients that reset mid-stream', async () => {
     const address = randomLoopback();
     const dir = await makeSocketDir();

@@ -73,8 +73,13 @@ describe.each([
       'FORWARDS_READY',
     ]);
     expect(phases[1]).toMatchObject({ type: 'BATCH_HOST', batchHost: 'bhnode1', jobId });
-    // The relay's address, read from its ready file on the node: the derived one (nothing held it).
-    expect(phases[3]).toEqual({ type: 'FORWARDS_READY', addresses: [bindAddress(podUid, 0)] });
+    // The relay's address, read from its ready file on the node: the derived one (nothing held it); and
+    // what separates the tunnel: the relay admits the job only, the sockets are the user's (no job_container).
+    expect(phases[3]).toEqual({
+      type: 'FORWARDS_READY',
+      addresses: [bindAddress(podUid, 0)],
+      isolation: { relay: 'job', sockets: 'user' },
+    });
     // The job ended: its trap removed the socket dir, and the session noticed.
     const end = await ended;
     expect(end.type).toBe('JOB_ENDED');

@@ -15,7 +15,8 @@ export type CheckName =
   | 'node'
   | 'forwarding'
   | 'python'
-  | 'socket_root';
+  | 'socket_root'
+  | 'isolation';
 
 export interface CheckResult {
   check: CheckName;

@@ -14,6 +14,7 @@ import {
 import { checkCrypto } from './crypto-check.js';
 import { acceptsAnyLoginKey, type DoctorContext } from './doctor-context.js';
 import { CLEANUP_MS, checkNodeForwarding } from './forwarding-check.js';
+import { checkIsolation } from './isolation-check.js';
 import { checkKey } from './key-check.js';
 import { checkKnownHosts } from './known-hosts-check.js';
 import { checkLogin } from './login-check.js';
@@ -94,6 +95,7 @@ const STEPS: readonly Step[] = [
     blocked: (ctx) => needNode(ctx, `${SRUN}: SocketRoot on the nodes can only be seen from inside a job`),
     run: checkSocketRoot,
   },
+  { name: 'isolation', blocked: needLogin, run: checkIsolation },
 ];
 
 /**

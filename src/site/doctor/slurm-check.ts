@@ -1,3 +1,4 @@
+import type { ExecResult } from '../../ssh/remote-exec.js';
 import { type CheckResult, fail, lastLines, pass } from './check-result.js';
 import type { DoctorContext } from './doctor-context.js';
 import { notFound, runCommand } from './remote-run.js';
@@ -22,7 +23,8 @@ export async function checkSlurm(ctx: DoctorContext): Promise<CheckResult> {
   for (const command of VERSION_COMMANDS) {
     const result = await runCommand(login.client, `${command} --version`, left(), `${command} --version`);
     if (result.code !== 0) {
-      const said = lastLines(result.stderr || result.stdout) || `exit status ${result.code}`;
+      // How it ended is part of the message: a null status (a signal, or none sent) was seen once in CI.
+      const said = `${exitOf(result)}${lastLines(result.stderr || result.stdout) ? `: ${lastLines(result.stderr || result.stdout)}` : ''}`;
       return fail(
         'slurm',
         `${command} --version on the login node: ${notFound(result) ? 'command not found' : said}`,
@@ -34,7 +36,7 @@ export async function checkSlurm(ctx: DoctorContext): Promise<CheckResult> {
 
   const sinfo = await runCommand(login.client, "sinfo -h -o '%P'", left(), 'sinfo -h -o %P');
   if (sinfo.code !== 0) {
-    const said = lastLines(sinfo.stderr) || `exit status ${sinfo.code}`;
+    const said = `${exitOf(sinfo)}${lastLines(sinfo.stderr) ? `: ${lastLines(sinfo.stderr)}` : ''}`;
     return fail(
       'slurm',
       `sinfo -h -o %P on the login node: ${notFound(sinfo) ? 'command not found' : said}`,
@@ -60,4 +62,10 @@ export async function checkSlurm(ctx: DoctorContext): Promise<CheckResult> {
       ? `${distinct[0]} (squeue, sbatch, srun)`
       : [...versions].map(([command, v]) => `${command}: ${v}`).join(', ');
   return pass('slurm', `${version}; partitions: ${partitions.join(' ')}`);
+}
+
+/** How a remote command ended, in words: its exit status, the signal that killed it, or that sshd sent neither. */
+function exitOf(result: ExecResult): string {
+  if (result.code !== null) return `exit status ${result.code}`;
+  return result.signal ? `killed by SIG${result.signal}` : 'no exit status from the login sshd';
 }

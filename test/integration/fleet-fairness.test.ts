@@ -1,0 +1,124 @@
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { sendEvent } from '../../src/pods/queues.js';
+import { timelines } from '../fixtures/fault-probes.js';
+import { type ProcessFleetSite, privateRedis, processFleetSite } from '../fixtures/fleet-harness.js';
+import { jobScript, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
+import { cancelSubmittedJobs, sbatch, scancel } from '../fixtures/slurm.js';
+import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
+
+const DB = 10;
+
+/**
+ * Issue 25, item 6: one tenant cannot starve the rest. A session host with room for 4 carriers, 2 per
+ * namespace: pods whose jobs are pending hold no carrier slot, and one namespace holds at most its share.
+ */
+describe('fairness between namespaces on one session host', () => {
+  let site: ProcessFleetSite;
+  let redis: Awaited<ReturnType<typeof privateRedis>>;
+  const workers: WorkerProcess[] = [];
+
+  beforeAll(async () => {
+    redis = await privateRedis(DB);
+    site = await processFleetSite(redis.url, {}, { SessionCapacity: 4, NamespaceCapacity: 2 });
+    workers.push(
+      startWorker(site.configPath, redis.url, 'control', 'control-fair'),
+      startWorker(site.configPath, redis.url, 'session', 'host-fair'),
+    );
+    await Promise.all(workers.map((w) => workerStarted(w)));
+  }, 120_000);
+
+  afterEach(async () => {
+    await cancelSubmittedJobs();
+  });
+
+  afterAll(async () => {
+    for (const w of workers) {
+      w.kill('SIGKILL');
+      await w.exited;
+    }
+    await cancelSubmittedJobs();
+    await site?.close();
+    await redis?.close();
+  });
+
+  async function submit(namespace: string, port: number, held: boolean): Promise<{ uid: string; jobId: string }> {
+    const podUid = uid();
+    const forwards = `${port}:127.0.0.1:${site.echo.port}`;
+    const jobId = await sbatch(site.h.site.user, jobScript(site.h, planFor(site.h, podUid, forwards), 'sleep 300\n'), {
+      jobName: podUid,
+      output: join(site.h.workdir, `${podUid}.out`),
+      args: held ? ['--hold'] : [],
+    });
+    await sendEvent(site.deps.queues, podUid, {
+      type: 'POD_UPSERT',
+      namespace,
+      name: `pod-${port}`,
+      annotations: { 'interlink.eu/reverse-forwards': forwards },
+      at: Date.now(),
+    });
+    return { uid: podUid, jobId };
+  }
+
+  const state = async (podUid: string) => (await site.deps.store.load(podUid))?.state;
+
+  it("50 pending pods of one namespace do not delay another's pod, and a namespace holds at most its share of carriers", async () => {
+    // 50 pods of one tenant whose jobs wait in Slurm (held): more than the host's 4 carrier slots.
+    const pending: Array<{ uid: string; jobId: string }> = [];
+    for (let i = 0; i < 50; i += 1) pending.push(await submit('busy', 16000 + i, true));
+    await waitFor(
+      '50 shadows waiting for their jobs',
+      async () => {
+        const states = await Promise.all(pending.map((p) => state(p.uid)));
+        return states.every((s) => s === 'waitingBatchHost') ? true : undefined;
+      },
+      60_000,
+    );
+    // Another tenant's pod with a running job gets its tunnel at once.
+    const quietAt = Date.now();
+    const quiet = await submit('quiet', 16100, false);
+    await waitFor(
+      'the quiet pod active',
+      async () => ((await state(quiet.uid)) === 'active' ? true : undefined),
+      60_000,
+    ).catch(async (err: Error) => {
+      throw new Error(`${err.message}\n${await timelines(site.deps, [quiet.uid])}`);
+    });
+    console.log(
+      `a pod of another namespace active ${Date.now() - quietAt} ms after it was submitted, beside 50 pending`,
+    );
+
+    // Three running pods of one namespace: two carriers (NamespaceCapacity), the third waits for a slot.
+    const greedy: Array<{ uid: string; jobId: string }> = [];
+    for (let i = 0; i < 3; i += 1) greedy.push(await submit('greedy', 16200 + i, false));
+    await waitFor(
+      'two greedy pods active',
+      async () => {
+        const states = await Promise.all(greedy.map((p) => state(p.uid)));
+        return states.filter((s) => s === 'active').length === 2 ? states : undefined;
+      },
+      60_000,
+    );
+    await new Promise((r) => setTimeout(r, 3_000));
+    const states = await Promise.all(greedy.map((p) => state(p.uid)));
+    expect(
+      states.filter((s) => s === 'active'),
+      await timelines(
+        site.deps,
+        greedy.map((p) => p.uid),
+      ),
+    ).toHaveLength(2);
+    const waiting = greedy[states.indexOf('waitingBatchHost')];
+    expect(waiting, JSON.stringify(states)).toBeDefined();
+    // One of the two ends: the third takes its slot.
+    const done = greedy[states.indexOf('active')];
+    await scancel(done?.jobId ?? '');
+    await waitFor(
+      'the third greedy pod active',
+      async () => ((await state(waiting?.uid ?? '')) === 'active' ? true : undefined),
+      60_000,
+    );
+    // Nothing of the pending ones moved meanwhile.
+    expect(new Set(await Promise.all(pending.map((p) => state(p.uid))))).toEqual(new Set(['waitingBatchHost']));
+  }, 300_000);
+});
