@@ -99,7 +99,6 @@ export async function openBackhaulForwards(
     mode,
     job: { jobId: opts.jobId ?? '0', batchHost: site.nodeHost },
     socketDir: opts.socketDir,
-    socksPort: undefined,
   });
   onCleanup(`${mode} carrier`, () => carrier.close());
   const targets: ForwardTarget[] = opts.forwards.map((f) => ({

@@ -117,7 +117,7 @@ function annotationsOf(pod: PodObject): Record<string, string> | undefined {
 
 export function socksWarning(request: ReverseRequest): string | undefined {
   if (request.socksPort === undefined) return undefined;
-  return `${ANNOTATION.socksPort} ${request.socksPort}: SOCKS listens on 127.0.0.1 of the compute node, open to every user there`;
+  return `${ANNOTATION.socksPort} ${request.socksPort}: SOCKS reaches all the endpoint policy allows, not only the forwards`;
 }
 
 /** The annotations a pod's job was rendered from: fixed once the pod exists. */

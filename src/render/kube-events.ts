@@ -78,7 +78,7 @@ export function transitionEvents(
       specs.push({
         type: 'Warning',
         reason: EVENT_REASONS.socks,
-        message: `SOCKS port ${socks.trim()} will listen on 127.0.0.1 of the compute node, where every user of that node can use it to reach this cluster`,
+        message: `SOCKS port ${socks.trim()} will listen on the pod's first address on the compute node (BACKHAUL_SOCKS_PROXY): its job reaches every destination the site's endpoint policy allows through it, not only the declared forwards`,
       });
     }
   }

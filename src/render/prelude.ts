@@ -1,6 +1,6 @@
 // biome-ignore-all lint/suspicious/noTemplateCurlyInString: these strings are shell code; ${...} is shell parameter expansion.
 import { ANNOTATION } from '../spec/annotations.js';
-import { type ForwardSlot, repeatOnAddress, withSlots } from '../spec/derivations.js';
+import { type ForwardSlot, repeatOnAddress, SOCKS_SOCKET, withSlots } from '../spec/derivations.js';
 import { isDnsName } from '../spec/host-names.js';
 import type { Forward } from '../spec/reverse-request.js';
 import type { ReverseConfig } from '../spec/site-config.js';
@@ -15,7 +15,11 @@ import { checkSocketPaths } from './socket-paths.js';
 export { hasPrelude, PRELUDE_BEGIN, PRELUDE_END, stripPrelude } from './prelude-markers.js';
 
 /** The part of a ReverseRequest the prelude needs. */
-export type PreludeRequest = { forwards: readonly Pick<Forward, 'listenPort' | 'dialHost' | 'names'>[] };
+export type PreludeRequest = {
+  forwards: readonly Pick<Forward, 'listenPort' | 'dialHost' | 'names'>[];
+  /** The SOCKS port: one more port of the relay's first address, joined to `<socket dir>/socks.sock`. */
+  socksPort?: number | undefined;
+};
 type SlottedForward = PreludeRequest['forwards'][number] & ForwardSlot;
 /** The site settings the prelude needs (WaitForForwards in milliseconds). */
 export type PreludeSettings = Pick<ReverseConfig, 'SocketRoot' | 'PythonPath' | 'WaitForForwards'> &
@@ -40,11 +44,13 @@ const PROGRESS_EVERY_SECONDS = 30;
  */
 export function renderPrelude(request: PreludeRequest, settings: PreludeSettings, relay = relaySource()): string {
   const forwards = withSlots(request.forwards);
-  checkPorts(forwards);
+  // The relay listens for SOCKS like for a forward, on the pod's first address, with the same owner check.
+  const relayed = request.socksPort === undefined ? forwards : [...forwards, socksForward(request.socksPort)];
+  checkPorts(relayed);
   checkNames(forwards);
   checkSocketPaths(
     settings.SocketRoot,
-    forwards.map((f) => f.socketName),
+    relayed.map((f) => f.socketName),
   );
   const waitMs = settings.WaitForForwards;
   if (!Number.isFinite(waitMs) || waitMs < 0) {
@@ -65,11 +71,12 @@ export function renderPrelude(request: PreludeRequest, settings: PreludeSettings
     ...socketDirSetup(),
     ...shellPidFile(),
     // The relay picks the address (another one if the derived one is taken), so the hosts file comes after it.
-    ...(forwards.length > 0 ? startRelay(forwards) : []),
+    ...(relayed.length > 0 ? startRelay(relayed) : []),
     ...hostsFile(namesByGroup(forwards)),
     ...kubernetesServiceEnv(forwards),
+    ...socksEnv(request.socksPort),
     ...containerBinds(),
-    ...(forwards.length > 0 ? waitForSockets(forwards, waitSeconds) : []),
+    ...(relayed.length > 0 ? waitForSockets(relayed, waitSeconds) : []),
     '# Files the workload creates keep the permissions it expects.',
     'umask "$bh_umask"',
     // bh_dir and bh_relay_pid stay: the EXIT trap needs them.
@@ -424,6 +431,17 @@ function waitForSockets(slotted: readonly SlottedForward[], waitSeconds: number)
     '  bh_waited=$((bh_waited + 1))',
     'done',
   ];
+}
+
+/** The SOCKS port as the relay sees it: a port of group 0 whose socket is SOCKS_SOCKET. */
+function socksForward(port: number): SlottedForward {
+  return { listenPort: port, dialHost: '', names: [], group: 0, socketName: SOCKS_SOCKET };
+}
+
+/** BACKHAUL_SOCKS_PROXY for the workload (`ALL_PROXY=$BACKHAUL_SOCKS_PROXY curl …`). */
+function socksEnv(port: number | undefined): string[] {
+  if (port === undefined) return [];
+  return [`BACKHAUL_SOCKS_PROXY=socks5h://$bh_addr:${port}`, 'export BACKHAUL_SOCKS_PROXY'];
 }
 
 /** `--forward=[GROUP:]PORT[=SOCKET]` (relay.py); a pod with one Service and distinct ports gets `--forward=PORT`. */

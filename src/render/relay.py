@@ -29,7 +29,7 @@ Commands
     ``--uid`` may be empty here (the derivation is defined for it).
 
 ``relay.py serve (--uid UID | --uid-from-env VAR) --socket-dir DIR
---forward [GROUP:]PORT[=SOCKETPATH] [--forward ...] [--bind ADDR ...]``
+--forward [GROUP:]PORT[=SOCKETPATH] [--forward ...] [--bind ADDR ...] [--job-only]``
     * UID comes from ``--uid`` or from the environment variable named by
       ``--uid-from-env`` (e.g. SLURM_JOB_NAME); it must not be empty.
     * GROUP (default 0) is the forward's address group: the forwards to one
@@ -62,6 +62,25 @@ Commands
 
           backhaul-relay: refused <peer> -> <addr>:<port>: uid <n> is not the job's uid <m>
           backhaul-relay: refused <peer> -> <addr>:<port>: owner unknown
+
+      With ``--job-only`` the owner must also be a process of this Slurm job
+      (SLURM_JOB_ID): of the job's cgroup where Slurm gives it one, else a
+      descendant of the process that started the relay (the job's shell) or
+      of a ``slurmstepd: [<job>.<step>]`` (its steps); the process holding
+      the peer's socket is found by its inode in /proc/<pid>/fd. Another job
+      of the same user is refused::
+
+          backhaul-relay: refused <peer> -> <addr>:<port>: pid <p> (<comm>) is not a process of job <j> (process tree)
+
+      The relay then also makes itself non-dumpable. Refusals are logged 20
+      per 10 s, then counted in one line; connections are checked by at
+      most 8 threads, with at most 1024 waiting (more are closed at once).
+    * After the ready line a second one says what separates the tunnel:
+      ``isolation relay=<job|user> sockets=<job|user> via=<how>``; the
+      sockets are ``job`` only on a mount of the job's own (Slurm's
+      job_container/tmpfs).
+    * A listen port held on 0.0.0.0 or [::] by anyone stops the start at
+      once, naming the uid (and the process, when it is this user's).
 
     * An accepted connection is joined to its unix socket, with half-close
       passed through both ways (EOF on one side becomes shutdown(SHUT_WR) on

@@ -75,8 +75,6 @@ export function validateAuthorizedKey(key: string): string {
 
 export interface SshdConfigInput {
   socketDir: string;
-  /** The SOCKS port the session host may listen on (on 127.0.0.1), or none. */
-  socksPort: number | undefined;
   clientAliveIntervalS: number;
   clientAliveCountMax?: number;
   logLevel?: 'QUIET' | 'FATAL' | 'ERROR' | 'INFO' | 'VERBOSE' | 'DEBUG';
@@ -84,19 +82,16 @@ export interface SshdConfigInput {
 
 /**
  * Only what a carrier needs: remote unix-socket forwards (which also need AllowTcpForwarding remote,
- * while PermitListen keeps TCP listeners closed unless SOCKS is allowed), no local forwards, no
+ * while PermitListen keeps every TCP listener closed: SOCKS is a unix socket too), no local forwards, no
  * terminals, no agent or X11, no user rc. StrictModes is off because the files live under /tmp; the
  * bootstrap checks the owner and mode of the socket dir instead.
  */
 export function renderSshdConfig(input: SshdConfigInput): string {
   checkPath(input.socketDir, 'socketDir');
-  const socksPort = checkSocksPort(input.socksPort);
   checkPositiveInt(input.clientAliveIntervalS, 'clientAliveIntervalS');
   const countMax = input.clientAliveCountMax ?? 3;
   checkPositiveInt(countMax, 'clientAliveCountMax');
   const paths = carrierPaths(input.socketDir);
-  // The session host asks for 127.0.0.1; sshd compares the requested name literally.
-  const listen = socksPort === undefined ? 'none' : `127.0.0.1:${socksPort} localhost:${socksPort}`;
   return [
     '# backhaul user-space sshd for one carrier; written fresh by every bootstrap',
     `HostKey ${paths.hostKey}`,
@@ -119,7 +114,7 @@ export function renderSshdConfig(input: SshdConfigInput): string {
     'GatewayPorts no',
     'AllowTcpForwarding remote',
     'AllowStreamLocalForwarding remote',
-    `PermitListen ${listen}`,
+    'PermitListen none',
     'PermitOpen none',
     'StreamLocalBindUnlink yes',
     'StreamLocalBindMask 0177',
@@ -224,14 +219,6 @@ function checkPath(path: string, field: string): void {
   if (!/^\/[A-Za-z0-9._/+-]*$/.test(path)) {
     throw new SpecError(field, `${JSON.stringify(path)} is not an absolute path of letters, digits and . _ / + -`);
   }
-}
-
-function checkSocksPort(port: number | undefined): number | undefined {
-  if (port === undefined) return undefined;
-  if (!Number.isInteger(port) || port < 1024 || port > 65535) {
-    throw new SpecError('socksPort', `${port} is not a port 1024-65535`);
-  }
-  return port;
 }
 
 function checkPositiveInt(value: number, field: string): void {

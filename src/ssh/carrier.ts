@@ -23,7 +23,6 @@ export interface CarrierRequest {
   mode: CarrierMode;
   job: BatchJob;
   socketDir: string;
-  socksPort: number | undefined;
 }
 
 /** An SSH connection to an sshd on the batch host, ready for forwards. */
@@ -67,7 +66,6 @@ export async function openCarrier(login: LoginHop, site: CarrierSite, req: Carri
       socketDir: req.socketDir,
       sshdPath: site.sshdPath,
       authorizedKey: clientKey.public,
-      socksPort: req.socksPort,
       clientAliveIntervalS: Math.max(1, Math.round(site.keepaliveIntervalMs / 1000)),
     });
     const channel = await execOn.exec(commands.sshdCommand);

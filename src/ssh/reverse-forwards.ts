@@ -1,15 +1,13 @@
 import type { Socket } from 'node:net';
-import { pipeline } from 'node:stream';
+import { type Duplex, pipeline } from 'node:stream';
 import type { AcceptConnection, Channel, Client, RejectConnection, UNIXConnectionDetails } from 'ssh2';
 import { type EndpointDialer, EndpointRefusedError } from './endpoint-dial.js';
 import { SessionError } from './session-error.js';
 
-/** One socket on the node and the one endpoint it may reach (ARCHITECTURE.md §3.6). */
-export interface ForwardTarget {
-  socketPath: string;
-  dialHost: string;
-  port: number;
-}
+/** One socket on the node and the one endpoint it may reach (ARCHITECTURE.md §3.6), or the SOCKS socket. */
+export type ForwardTarget =
+  | { socketPath: string; dialHost: string; port: number }
+  | { socketPath: string; socks: { serve(stream: Duplex): void } };
 
 export interface ForwardStats {
   connections: number;
@@ -106,6 +104,12 @@ export class ReverseForwards {
     if (!target) {
       this.stats.refused += 1;
       reject();
+      return;
+    }
+    if ('socks' in target) {
+      // The destination is known only once the SOCKS conversation names it: accept, then converse.
+      this.stats.connections += 1;
+      target.socks.serve(accept());
       return;
     }
     const socket = this.options.dialer.dial(target.dialHost, target.port);

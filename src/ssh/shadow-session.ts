@@ -17,6 +17,7 @@ import {
 } from '../render/node-scripts.js';
 import type { SessionPlan } from '../render/session-plan.js';
 import { shellQuote } from '../render/shell-quote.js';
+import { SOCKS_SOCKET } from '../spec/derivations.js';
 import { type Carrier, type CarrierSite, openCarrier } from './carrier.js';
 import { type DialRules, EndpointDialer } from './endpoint-dial.js';
 import type { LoginHopLease, LoginHops } from './login-hop.js';
@@ -122,7 +123,6 @@ export class ShadowSession {
   private login: LoginHopLease | undefined;
   private carrier: Carrier | undefined;
   private forwards: ReverseForwards | undefined;
-  private socks: SocksForward | undefined;
   private watch: ClientChannel | undefined;
   /** The sockets this session bound on the node, path → inode. */
   private readonly owned = new Map<string, string>();
@@ -227,7 +227,13 @@ export class ShadowSession {
     const dialer = new EndpointDialer(this.opts.dialRules, plan.namespace, this.opts.directory);
     this.forwards = new ReverseForwards(
       client,
-      plan.forwards.map((f) => ({ socketPath: f.socketPath, dialHost: f.dialHost, port: f.port })),
+      [
+        ...plan.forwards.map((f) => ({ socketPath: f.socketPath, dialHost: f.dialHost, port: f.port })),
+        // SOCKS is one more socket, behind the relay's owner check like the forwards'.
+        ...(plan.socks === null
+          ? []
+          : [{ socketPath: `${plan.socketDir}/${SOCKS_SOCKET}`, socks: new SocksForward(this.opts.log, dialer) }]),
+      ],
       serverMessages,
       this.opts.log,
       { dialer },
@@ -245,15 +251,6 @@ export class ShadowSession {
       await this.recordOwnSockets(carrier, this.forwards.boundPaths);
     }
     await this.checkpoint();
-    if (plan.socks !== null) {
-      this.opts.log.warn('SOCKS listener on the batch host is open to every user of that node', {
-        pod: `${plan.namespace}/${plan.name}`,
-        port: plan.socks,
-      });
-      this.socks = new SocksForward(client, plan.socks, serverMessages, this.opts.log, dialer);
-      await this.socks.establish();
-      await this.checkpoint();
-    }
     const relay = await this.relayReady(client);
     await this.checkpoint();
     this.report({
@@ -387,7 +384,6 @@ export class ShadowSession {
           mode: plan.carrier.mode,
           job,
           socketDir: plan.socketDir,
-          socksPort: plan.socks ?? undefined,
         });
         // Kept at once, so that a teardown (now or later) closes it.
         this.carrier = carrier;
@@ -566,16 +562,13 @@ export class ShadowSession {
 
   /** Gives back everything held; what is released is forgotten, so it can run again for late arrivals. */
   private async release(): Promise<void> {
-    const socks = this.socks;
     const forwards = this.forwards;
     const carrier = this.carrier;
     const login = this.login;
-    this.socks = undefined;
     this.forwards = undefined;
     this.carrier = undefined;
     this.login = undefined;
     // Cancelling waits for the node sshd's answers: a stopped or dead sshd never sends them.
-    await within(socks?.cancel(), RELEASE_STEP_MS);
     await within(forwards?.cancel(), RELEASE_STEP_MS);
     this.watch?.close();
     if (carrier) {

@@ -4,6 +4,7 @@ import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import ssh2 from 'ssh2';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { bindAddress } from '../../src/spec/derivations.js';
 import { openSiteAccess } from '../../src/ssh/site-access.js';
 import {
   echoServer,
@@ -14,9 +15,11 @@ import {
   planFor,
   startSession,
   uid,
+  waitFor,
   waitForForwards,
 } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch, waitForState } from '../fixtures/slurm.js';
+import { cancelSubmittedJobs, sbatch, scancel, waitForState } from '../fixtures/slurm.js';
+import { runAs } from '../fixtures/users.js';
 
 /** A server that answers every connection with its own name: shows which endpoint a socket reached. */
 async function nameServer(name: string): Promise<{ server: Server; port: number }> {
@@ -193,7 +196,7 @@ describe('shadow session failures on the loopback site', () => {
     await session.close('done');
   }, 90_000);
 
-  it('SOCKS5 CONNECT through the batch host works where the site allows it', async () => {
+  it('SOCKS5 CONNECT through the relay works for the job where the site allows it, and for nobody else', async () => {
     const h = allowed;
     const podUid = uid();
     const socksPort = 20000 + (randomBytes(2).readUInt16BE(0) % 20000);
@@ -202,10 +205,12 @@ describe('shadow session failures on the loopback site', () => {
     });
     expect(plan.socks).toBe(socksPort);
     const out = join(h.workdir, `${podUid}.out`);
-    // A minimal SOCKS5 client (no auth, CONNECT by IPv4) inside the job, as the job user.
+    // A minimal SOCKS5 client (no auth, CONNECT by IPv4) inside the job, at the relay's SOCKS address.
     const client = `${PYTHON} - <<'PYEOF'
-import socket, struct
-s = socket.create_connection(('127.0.0.1', ${socksPort}), timeout=30)
+import os, socket, struct
+proxy = os.environ['BACKHAUL_SOCKS_PROXY']
+assert proxy == 'socks5h://%s:${socksPort}' % os.environ['BACKHAUL_BIND_ADDRESS'], proxy
+s = socket.create_connection((os.environ['BACKHAUL_BIND_ADDRESS'], ${socksPort}), timeout=30)
 s.sendall(b'\\x05\\x01\\x00')
 assert s.recv(2) == b'\\x05\\x00'
 s.sendall(b'\\x05\\x01\\x00\\x01' + socket.inet_aton('127.0.0.1') + struct.pack('>H', ${echo.port}))
@@ -219,14 +224,35 @@ while True:
     if not b:
         break
     data += b
-print('socks', data.decode())
+print('socks', data.decode(), flush=True)
 PYEOF
+sleep 30
 `;
     const jobId = await sbatch(h.site.user, jobScript(h, plan, client), { jobName: podUid, output: out });
-    const { session, warnings } = startSession(h, plan);
-    await waitForState(jobId, ['COMPLETED'], 60_000);
-    expect(await readFile(out, 'utf8')).toContain('socks through socks');
-    expect(warnings.join('\n')).toContain('SOCKS listener on the batch host is open to every user');
+    const { session } = startSession(h, plan);
+    await waitFor(
+      'the job through SOCKS',
+      async () => ((await readFile(out, 'utf8').catch(() => '')).includes('socks through socks') ? true : undefined),
+      60_000,
+    );
+    // Nothing listens on the node's 127.0.0.1 for it any more, and the job's user from outside the job
+    // is refused at the relay's SOCKS address like at a forward's.
+    const address = bindAddress(podUid, 0);
+    const outside = await runAs(h.site.user, PYTHON, [
+      '-c',
+      `import socket\nfor host in ('127.0.0.1', '${address}'):\n    try:\n        s = socket.create_connection((host, ${socksPort}), timeout=5)\n        s.sendall(b'\\x05\\x01\\x00')\n        print(host, repr(s.recv(2)))\n    except OSError as exc:\n        print(host, exc.__class__.__name__)`,
+    ]);
+    expect(outside.stdout, outside.stderr).toContain('127.0.0.1 ConnectionRefusedError');
+    // Closed at once by the relay (an empty read, or a reset when the greeting was still in flight).
+    expect(outside.stdout, outside.stderr).toMatch(
+      new RegExp(`^${address.replaceAll('.', '\\.')} (b''|ConnectionResetError)$`, 'm'),
+    );
+    expect(await readFile(out, 'utf8')).toMatch(
+      new RegExp(
+        `backhaul-relay: refused .* -> ${address.replaceAll('.', '\\.')}:${socksPort}: pid \\d+ \\(python3\\) is not a process of job \\d+`,
+      ),
+    );
+    await scancel(jobId);
     await session.close('done');
   }, 90_000);
   it('the endpoint policy at dial time: a name that resolves to loopback, SOCKS to loopback or the fleet namespace: refused, nothing dialled', async () => {
@@ -255,7 +281,7 @@ import os, socket, struct
 s = socket.create_connection((os.environ['BACKHAUL_BIND_ADDRESS'], 15109), timeout=30)
 print('forward', repr(s.recv(100)))
 def socks(atyp, addr, port):
-    s = socket.create_connection(('127.0.0.1', ${socksPort}), timeout=30)
+    s = socket.create_connection((os.environ['BACKHAUL_BIND_ADDRESS'], ${socksPort}), timeout=30)
     s.sendall(b'\\x05\\x01\\x00')
     assert s.recv(2) == b'\\x05\\x00'
     s.sendall(b'\\x05\\x01\\x00' + atyp + addr + struct.pack('>H', port))

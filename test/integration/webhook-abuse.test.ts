@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { podReview } from '../fixtures/admission-reviews.js';
 import { freePort } from '../fixtures/sshd.js';
 import { makeCa, makeServerCert, type PemPair } from '../fixtures/test-pki.js';
-import { startWorker, type WorkerProcess, workerStarted, writeConfig } from '../fixtures/worker-process.js';
+import { startWorker, type WorkerProcess, writeConfig } from '../fixtures/worker-process.js';
 
 /** The webhook pod's memory limit in deploy/webhook.yaml. */
 const POD_LIMIT_MIB = 256;

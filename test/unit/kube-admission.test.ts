@@ -180,7 +180,7 @@ describe('admission: mutation (the prelude in slurm-job.vk.io/pre-exec)', () => 
     expect(response.warnings).toHaveLength(1);
     expect(response.warnings?.[0]).toContain(ANNOTATION.socksPort);
     expect(response.warnings?.[0]).toContain('11080');
-    expect(response.warnings?.[0]).toContain('127.0.0.1');
+    expect(response.warnings?.[0]).toContain('SOCKS reaches all the endpoint policy allows, not only the forwards');
     expect(response.warnings?.[0]?.length).toBeLessThanOrEqual(120);
     // SOCKS alone: allowed (no relay ports), warned.
     const alone = mutate({ [ANNOTATION.socksPort]: '11080' }).response;

@@ -210,8 +210,8 @@ describe('authorized key validation', () => {
 describe('user-space sshd', () => {
   const dir = socketDir('/tmp', UID);
 
-  it('allows remote unix forwards only, and the SOCKS port when asked', () => {
-    const config = renderSshdConfig({ socketDir: dir, socksPort: undefined, clientAliveIntervalS: 15 });
+  it('allows remote unix forwards only (SOCKS is a unix socket too: no TCP listener, ever)', () => {
+    const config = renderSshdConfig({ socketDir: dir, clientAliveIntervalS: 15 });
     for (const line of [
       'AllowStreamLocalForwarding remote',
       'AllowTcpForwarding remote',
@@ -237,8 +237,6 @@ describe('user-space sshd', () => {
     ]) {
       expect(config.split('\n')).toContain(line);
     }
-    const socks = renderSshdConfig({ socketDir: dir, socksPort: 11080, clientAliveIntervalS: 5 });
-    expect(socks.split('\n')).toContain('PermitListen 127.0.0.1:11080 localhost:11080');
   });
 
   it('bootstraps with the restricted key and the config, and reports the host key', () => {
@@ -246,7 +244,6 @@ describe('user-space sshd', () => {
       socketDir: dir,
       sshdPath: '/usr/sbin/sshd',
       authorizedKey: KEYS.ed25519,
-      socksPort: undefined,
       clientAliveIntervalS: 15,
     });
     expect(script).toContain(`'restrict,port-forwarding ${KEYS.ed25519.replace(/ test$/, '')}'`);
@@ -262,14 +259,12 @@ describe('user-space sshd', () => {
       socketDir: dir,
       sshdPath: '/usr/sbin/sshd',
       authorizedKey: KEYS.ed25519,
-      socksPort: undefined,
       clientAliveIntervalS: 15,
     };
     expect(() => renderBootstrap({ ...base, authorizedKey: 'no' })).toThrow(SpecError);
     expect(() => renderBootstrap({ ...base, sshdPath: 'sshd' })).toThrow(SpecError);
     expect(() => renderBootstrap({ ...base, socketDir: '/tmp/a b' })).toThrow(SpecError);
     expect(() => renderBootstrap({ ...base, clientAliveIntervalS: 0 })).toThrow(SpecError);
-    expect(() => renderBootstrap({ ...base, socksPort: 80 })).toThrow(SpecError);
   });
 });
 

@@ -106,7 +106,7 @@ async function startAndForward(
           keepaliveIntervalMs: ctx.config.Backhaul.KeepaliveInterval,
         },
         // The scratch dir stands in for a pod's socket dir; no job is involved in this mode.
-        { mode: 'userspace', job: { jobId: '0', batchHost: nodeName }, socketDir: dir, socksPort: undefined },
+        { mode: 'userspace', job: { jobId: '0', batchHost: nodeName }, socketDir: dir },
       ),
       (late) => late.close(),
     );
