@@ -97,6 +97,7 @@ export const podEventSchema = z.discriminatedUnion('type', [
     ...report,
     jobState: jobStateName.optional(),
     trapMissed: z.literal(true).optional(),
+    note: z.string().min(1).max(500).optional(),
   }),
   z.object({ type: z.literal('CARRIER_LOST'), ...at, ...report, reason: z.string() }),
   z.object({ type: z.literal('SESSION_FAILED'), ...at, ...report, error: podError }),

@@ -193,6 +193,8 @@ export interface JobEndedEvent extends Report {
   jobState?: string;
   /** The job ended without its trap: its socket dir was left on the node, and the session removed it. */
   trapMissed?: true;
+  /** Why the job's prelude could not set up the tunnel, in its own words (the job's comment). */
+  note?: string;
 }
 export interface CarrierLostEvent extends Report {
   type: 'CARRIER_LOST';

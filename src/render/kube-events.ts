@@ -1,6 +1,7 @@
 import { isSiteWide, SITE_BACKOFF_MAX_MS } from '../machines/pod-rules.js';
 import type { PodContext, PodEvent, PodStateName } from '../machines/pod-types.js';
 import { ANNOTATION } from '../spec/annotations.js';
+import { displayText } from '../spec/display-text.js';
 
 /**
  * Kubernetes Events on the offloaded pod (`kubectl describe pod` shows them): what backhaul did with the
@@ -37,6 +38,7 @@ export const EVENT_REASONS = {
   preludeMissing: 'PreludeMissing',
   trapMissed: 'PreludeTrapNotRun',
   sharedUser: 'ReverseTunnelSharedUser',
+  preludeFailed: 'ReversePreludeFailed',
 } as const;
 
 /** Event messages are meant for one screen line or two; the API server refuses very long ones. */
@@ -134,6 +136,14 @@ export function transitionEvents(
       type: 'Normal',
       reason: EVENT_REASONS.forwardsEstablished,
       message: `${n} reverse forward(s) established${where} (shadow session ${ctx.generation}${job}${host})`,
+    });
+  }
+  if (event.type === 'JOB_ENDED' && event.note && to === 'tearingDown' && from !== 'tearingDown') {
+    // The job could not set up its tunnel (its relay could not listen): the user's to fix, in the job's words.
+    specs.push({
+      type: 'Warning',
+      reason: EVENT_REASONS.preludeFailed,
+      message: `${ctx.jobId ? `Slurm job ${ctx.jobId}` : "the pod's Slurm job"}${ctx.batchHost ? ` on node ${ctx.batchHost}` : ''}: ${displayText(event.note)}`,
     });
   }
   if (event.type === 'JOB_ENDED' && event.trapMissed && to === 'tearingDown' && from !== 'tearingDown') {

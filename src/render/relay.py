@@ -1080,6 +1080,22 @@ def _on_job_private_mount(directory, job_id):
     return private
 
 
+def _tell_slurm(message):
+    """Puts MESSAGE in the job's comment (`backhaul: ...`), which squeue shows the session host: the
+    pod gets an Event saying why its tunnel never came up. Best effort: a job's owner may set its own
+    job's comment; outside Slurm, or without scontrol, nothing happens."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return
+    text = "".join(c if " " <= c <= "~" else " " for c in message)[:400]
+    try:
+        import subprocess
+        subprocess.run(["scontrol", "update", "jobid=%s" % job_id, "Comment=backhaul: %s" % text],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+    except Exception:  # noqa: BLE001 - the job's output has the message anyway
+        pass
+
+
 def _set_not_dumpable():
     try:
         import ctypes
@@ -1205,6 +1221,7 @@ def serve(args):
             addresses, data = _listen_groups(uid_bytes, binds, forwards)
         except ListenError as exc:
             log(str(exc))
+            _tell_slurm("relay could not start: %s" % exc)
             return 1
         # One write: whoever reads the ready line finds the isolation line with it.
         sys.stdout.write("ready %s\n%s\n" % (" ".join(addresses), _isolation_line(directory)))

@@ -37,7 +37,7 @@ export type ShadowPhase =
   | { type: 'FORWARDS_READY'; addresses?: string[]; isolation?: TunnelIsolation }
   | { type: 'SOCKETS_VANISHED' }
   /** trapMissed: the job ended without its trap (its socket dir was left on the node), and the session removed the dir. */
-  | { type: 'JOB_ENDED'; state: string; trapMissed?: true }
+  | { type: 'JOB_ENDED'; state: string; trapMissed?: true; note?: string }
   | { type: 'CARRIER_LOST'; reason: string }
   | { type: 'SESSION_FAILED'; error: { kind: string; message: string; permanent: boolean } };
 
@@ -88,7 +88,9 @@ const RELEASE_STEP_MS = 5_000;
 
 /** JOB_ENDED for a job that has ended or is ending; undefined for one that may still run. */
 function endOf(job: SlurmJob): ShadowEnd | undefined {
-  return job.phase === 'ended' || job.phase === 'ending' ? { type: 'JOB_ENDED', state: job.state } : undefined;
+  if (job.phase !== 'ended' && job.phase !== 'ending') return undefined;
+  // The prelude's own word on why it failed (the job's comment), for the pod's Event.
+  return { type: 'JOB_ENDED', state: job.state, ...(job.note ? { note: job.note } : {}) };
 }
 
 /**

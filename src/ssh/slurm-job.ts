@@ -55,14 +55,23 @@ export interface SlurmJob {
   phase: JobPhase;
   /** The node running the batch script; empty until the job starts. */
   batchHost: string | undefined;
+  /**
+   * What the job's prelude said of itself through the job's comment (`backhaul: …`): why it could not
+   * set up its tunnel (the relay could not listen). Absent otherwise.
+   */
+  note?: string;
 }
+
+/** The prefix of a comment the prelude's relay writes (relay.py `_tell_slurm`). */
+export const JOB_NOTE_PREFIX = 'backhaul: ';
 
 const FIELD_SEPARATOR = '|';
 const JOB_ID = /^\d+(?:_\d+)?$/;
 
 /**
- * One `squeue` for the jobs of `user` with any of `jobNames`, in every state, one `id|state|batchhost|name`
- * line each. The name goes last: it is the only field that may hold the separator.
+ * One `squeue` for the jobs of `user` with any of `jobNames`, in every state, one
+ * `id|state|batchhost|name|comment` line each. The comment goes last: it is the only field that may hold
+ * the separator (the names are pod UIDs, asked for by name).
  */
 export function squeueCommand(user: string, jobNames: readonly string[]): string {
   if (jobNames.length === 0) throw new RangeError('squeueCommand: no job name');
@@ -71,16 +80,18 @@ export function squeueCommand(user: string, jobNames: readonly string[]): string
     if (name.length === 0 || name.includes(','))
       throw new RangeError(`squeueCommand: bad job name ${JSON.stringify(name)}`);
   }
-  return `squeue --noheader --all --states=all --user=${shellWord(user)} --name=${shellWord(jobNames.join(','))} --format='%i|%t|%B|%j'`;
+  return `squeue --noheader --all --states=all --user=${shellWord(user)} --name=${shellWord(jobNames.join(','))} --format='%i|%t|%B|%j|%k'`;
 }
 
 export function parseSqueue(output: string): SlurmJob[] {
   const jobs: SlurmJob[] = [];
   for (const line of output.split('\n')) {
-    const [jobId, state, host, ...name] = line.trim().split(FIELD_SEPARATOR);
+    const [jobId, state, host, name = '', ...comment] = line.trim().split(FIELD_SEPARATOR);
     if (!jobId || !state || !JOB_ID.test(jobId)) continue;
     const batchHost = host && host !== 'n/a' && host !== '(null)' && isSlurmNodeName(host) ? host : undefined;
-    jobs.push({ jobId, name: name.join(FIELD_SEPARATOR), state, phase: jobPhase(state), batchHost });
+    const text = comment.join(FIELD_SEPARATOR);
+    const note = text.startsWith(JOB_NOTE_PREFIX) ? text.slice(JOB_NOTE_PREFIX.length).slice(0, 500) : undefined;
+    jobs.push({ jobId, name, state, phase: jobPhase(state), batchHost, ...(note ? { note } : {}) });
   }
   return jobs;
 }

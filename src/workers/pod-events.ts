@@ -48,7 +48,7 @@ function detailOf(event: PodEvent): string | undefined {
       return `${event.name} deadline`;
     case 'JOB_ENDED': {
       const trap = event.trapMissed ? "without the prelude's trap: its socket dir was left, and removed" : undefined;
-      return [event.jobState, trap].filter((part) => part !== undefined).join(', ') || undefined;
+      return [event.jobState, trap, event.note].filter((part) => part !== undefined).join(', ') || undefined;
     }
     default:
       return undefined;

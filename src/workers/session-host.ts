@@ -52,6 +52,7 @@ function eventOf(phase: ShadowPhase, generation: number, lease: number, hostId: 
         // A state squeue printed that is no name (a newer Slurm's?) is left out, not a refused report.
         ...(jobStateName.safeParse(jobState).success ? { jobState } : {}),
         ...(phase.trapMissed ? { trapMissed: true } : {}),
+        ...(phase.note ? { note: phase.note } : {}),
         generation,
         lease,
         at,

@@ -9,6 +9,7 @@ import { type ProcessFleetSite, privateRedis, processFleetSite } from '../fixtur
 import { type KubeHarness, kubeHarness } from '../fixtures/kube-harness.js';
 import { jobScript, PYTHON, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, sbatch } from '../fixtures/slurm.js';
+import { ensureUser, OTHER_USER, spawnAs } from '../fixtures/users.js';
 import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 const DB = 11;
@@ -167,4 +168,53 @@ sleep 300
     );
     expect(String(warnings[0]?.message)).toContain('pods of other namespaces (team-a)');
   }, 240_000);
+
+  it('a listen port another user holds on every address stops the job, and the pod gets an Event naming that user', async () => {
+    const { h, echo } = site;
+    const other = await ensureUser(OTHER_USER);
+    const port = 15703;
+    const holder = spawnAs(
+      other,
+      PYTHON,
+      [
+        '-c',
+        `import socket,time\ns=socket.socket(); s.bind(('0.0.0.0', ${port})); s.listen(1); print('held', flush=True); time.sleep(120)`,
+      ],
+      { stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    try {
+      await new Promise<void>((resolve) => holder.stdout?.once('data', () => resolve()));
+      const c = uid();
+      await submit(c, 'team-c', 'pod-c', `${port}:127.0.0.1:${echo.port}`, 'sleep 300\n', join(h.workdir, 'c.out'));
+      const events = await waitFor(
+        'the ReversePreludeFailed Warning on pod-c',
+        async () => {
+          const found = kube.api
+            .listEvents('team-c')
+            .filter(
+              (e) => e.reason === 'ReversePreludeFailed' && (e.involvedObject as { name?: string }).name === 'pod-c',
+            );
+          return found.length > 0 ? found : undefined;
+        },
+        90_000,
+      ).catch(async (err: Error) => {
+        throw new Error(
+          `${err.message}\njob output:\n${await readFile(join(h.workdir, 'c.out'), 'utf8').catch(() => '')}`,
+        );
+      });
+      expect(String(events[0]?.message)).toMatch(
+        new RegExp(
+          `^(Slurm job \\d+ on node bhnode1|the pod's Slurm job): relay could not start: cannot listen on 127\\.[\\d.]+:${port} \\(port ${port}\\): .*: 0\\.0\\.0\\.0:${port} is held by uid ${other.uid} \\(${OTHER_USER}\\), a process of another user`,
+        ),
+      );
+      // The pod is torn down and forgotten, as for any job that ended.
+      await waitFor(
+        'pod-c forgotten',
+        async () => ((await site.deps.store.load(c)) === null ? true : undefined),
+        60_000,
+      );
+    } finally {
+      holder.kill('SIGKILL');
+    }
+  }, 180_000);
 });

@@ -113,6 +113,23 @@ describe('Kubernetes Events of machine transitions', () => {
     ).toEqual([]);
   });
 
+  it("a job whose prelude could not set up the tunnel: a Warning in the job's own words, escaped for display", () => {
+    const ended = ctx({ teardownReason: 'job-ended' });
+    const specs = transitionEvents(ended, 'waitingBatchHost', 'tearingDown', {
+      type: 'JOB_ENDED',
+      jobState: 'FAILED',
+      note: 'relay could not start: 0.0.0.0:15400 is held by uid 1001 (bhother)\u202E',
+      generation: 1,
+      at,
+    });
+    expect(specs[0]).toEqual({
+      type: 'Warning',
+      reason: 'ReversePreludeFailed',
+      message: 'Slurm job 77 on node cn01: relay could not start: 0.0.0.0:15400 is held by uid 1001 (bhother)\\u202E',
+    });
+    expect(specs.map((s) => s.reason)).toEqual(['ReversePreludeFailed', EVENT_REASONS.teardownStarted]);
+  });
+
   it('SOCKS: a Warning once the pod is validated', () => {
     const socks = ctx({ annotations: { [ANNOTATION.socksPort]: '11080' } });
     const specs = transitionEvents(socks, 'validating', 'rendering', { type: 'STEP_DONE', step: 'validate', at });
