@@ -1,11 +1,16 @@
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { sendEvent } from '../../src/pods/queues.js';
 import { timelines } from '../fixtures/fault-probes.js';
-import { type ProcessFleetSite, privateRedis, processFleetSite } from '../fixtures/fleet-harness.js';
-import { jobScript, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch, scancel } from '../fixtures/slurm.js';
-import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
+import {
+  controlAndSession,
+  type ProcessFleetSite,
+  privateRedis,
+  processFleetSite,
+  submitPod,
+} from '../fixtures/fleet-harness.js';
+import { uid, waitFor } from '../fixtures/shadow-harness.js';
+import { cancelSubmittedJobs, scancel } from '../fixtures/slurm.js';
+import type { WorkerProcess } from '../fixtures/worker-process.js';
 
 const DB = 10;
 
@@ -21,11 +26,7 @@ describe('fairness between namespaces on one session host', () => {
   beforeAll(async () => {
     redis = await privateRedis(DB);
     site = await processFleetSite(redis.url, {}, { SessionCapacity: 4, NamespaceCapacity: 2 });
-    workers.push(
-      startWorker(site.configPath, redis.url, 'control', 'control-fair'),
-      startWorker(site.configPath, redis.url, 'session', 'host-fair'),
-    );
-    await Promise.all(workers.map((w) => workerStarted(w)));
+    workers.push(...(await controlAndSession(site, redis.url, 'fair')));
   }, 120_000);
 
   afterEach(async () => {
@@ -45,18 +46,9 @@ describe('fairness between namespaces on one session host', () => {
   async function submit(namespace: string, port: number, held: boolean): Promise<{ uid: string; jobId: string }> {
     const podUid = uid();
     const forwards = `${port}:127.0.0.1:${site.echo.port}`;
-    const jobId = await sbatch(site.h.site.user, jobScript(site.h, planFor(site.h, podUid, forwards), 'sleep 300\n'), {
-      jobName: podUid,
-      output: join(site.h.workdir, `${podUid}.out`),
-      args: held ? ['--hold'] : [],
-    });
-    await sendEvent(site.deps.queues, podUid, {
-      type: 'POD_UPSERT',
-      namespace,
-      name: `pod-${port}`,
-      annotations: { 'interlink.eu/reverse-forwards': forwards },
-      at: Date.now(),
-    });
+    const output = join(site.h.workdir, `${podUid}.out`);
+    const args = held ? ['--hold'] : [];
+    const jobId = await submitPod(site, podUid, `pod-${port}`, forwards, 'sleep 300\n', output, args, namespace);
     return { uid: podUid, jobId };
   }
 

@@ -2,15 +2,20 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { restorePod } from '../../src/machines/pod-machine.js';
-import { sendEvent } from '../../src/pods/queues.js';
 import { ANNOTATION } from '../../src/spec/annotations.js';
 import { NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
-import { type ProcessFleetSite, privateRedis, processFleetSite } from '../fixtures/fleet-harness.js';
+import {
+  controlAndSession,
+  type ProcessFleetSite,
+  privateRedis,
+  processFleetSite,
+  submitPod,
+} from '../fixtures/fleet-harness.js';
 import { type KubeHarness, kubeHarness } from '../fixtures/kube-harness.js';
-import { jobScript, PYTHON, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch } from '../fixtures/slurm.js';
+import { PYTHON, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
+import { cancelSubmittedJobs } from '../fixtures/slurm.js';
 import { ensureUser, OTHER_USER, spawnAs } from '../fixtures/users.js';
-import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
+import type { WorkerProcess } from '../fixtures/worker-process.js';
 
 const DB = 11;
 
@@ -37,11 +42,7 @@ describe('two pods of one site user on one node', () => {
         Kubernetes: { Kubeconfig: kube.kubeconfigFile, ...NO_CLUSTER_CHECKS, PodCondition: false },
       },
     );
-    workers.push(
-      startWorker(site.configPath, redis.url, 'control', 'control-iso'),
-      startWorker(site.configPath, redis.url, 'session', 'host-iso'),
-    );
-    await Promise.all(workers.map((w) => workerStarted(w)));
+    workers.push(...(await controlAndSession(site, redis.url, 'iso')));
   }, 120_000);
 
   afterAll(async () => {
@@ -70,17 +71,7 @@ describe('two pods of one site user on one node', () => {
 
   async function submit(podUid: string, namespace: string, name: string, forwards: string, body: string, out: string) {
     kube.api.createPod({ metadata: { name, namespace, annotations: { [ANNOTATION.forwards]: forwards } } });
-    await sbatch(site.h.site.user, jobScript(site.h, planFor(site.h, podUid, forwards), body), {
-      jobName: podUid,
-      output: out,
-    });
-    await sendEvent(site.deps.queues, podUid, {
-      type: 'POD_UPSERT',
-      namespace,
-      name,
-      annotations: { [ANNOTATION.forwards]: forwards },
-      at: Date.now(),
-    });
+    await submitPod(site, podUid, name, forwards, body, out, [], namespace);
   }
 
   it("B's workload is refused at A's relay address; A's socket path is the user's, and both pods are warned", async () => {

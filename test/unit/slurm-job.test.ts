@@ -29,7 +29,7 @@ describe('squeue parsing', () => {
     ['XX', 'XX'],
   ])('state %s is called %s (as sacct does)', (state, name) => expect(slurmStateName(state)).toBe(name));
 
-  it('reads id, state, batch host, name and the prelude\'s note in the comment, and ignores junk lines', () => {
+  it("reads id, state, batch host, name and the prelude's note in the comment, and ignores junk lines", () => {
     const jobs = parseSqueue(
       '12|R|bhnode1|a|(null)\n13|PD|n/a|b|\nwarning: something\n14_3|R|cn042.cluster|c|x|y\n15|R|$(id)|e\n16|R|gpu_node-07|f\n17|F|bhnode1|g|backhaul: relay could not start: 0.0.0.0:15400 is held by uid 1001 (bhother)|x\n',
     );
