@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { createLogger, silentLogger } from '../log.js';
+import { createLogger, silentLogger, withoutCredentials } from '../log.js';
 import { type FleetDeps, fleetDeps, type PodReadDeps, podReadDeps } from '../pods/fleet-deps.js';
 import { createRedis } from '../store/redis.js';
 import { CliError, EXIT } from './exit-codes.js';
@@ -59,25 +59,13 @@ async function connectRedis(target: RedisTarget): Promise<Redis> {
   try {
     await redis.ping().catch((err: Error) => {
       const cause = lastError ?? err;
-      throw new CliError(`cannot reach Redis at ${redactUrl(url)}: ${cause.message}`, EXIT.failure);
+      throw new CliError(`cannot reach Redis at ${withoutCredentials(url)}: ${cause.message}`, EXIT.failure);
     });
   } catch (err) {
     redis.disconnect();
     throw err;
   }
   return redis;
-}
-
-/** The URL without its password, for messages. */
-export function redactUrl(url: string): string {
-  try {
-    const parsed = new URL(url);
-    if (!parsed.password) return url;
-    parsed.password = '***';
-    return parsed.toString();
-  } catch {
-    return url.replace(/\/\/[^@/]*@/, '//***@');
-  }
 }
 
 /** POD is `namespace/name` or a UID (ARCHITECTURE.md §3.10). */

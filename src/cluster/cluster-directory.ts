@@ -29,7 +29,7 @@ export class ClusterDirectory implements ServiceDirectory {
   private readonly discovery: DiscoveryV1Api;
   private readonly answers = new Map<string, Entry>();
   private readonly inFlight = new Map<string, Promise<ServiceAnswer>>();
-  private fleet: readonly string[] = [];
+  private fleet: ReadonlySet<string> = new Set();
   private readonly listeners = new Set<(addresses: readonly string[]) => void>();
   private timer: NodeJS.Timeout | undefined;
   private fleetFailing = false;
@@ -56,7 +56,7 @@ export class ClusterDirectory implements ServiceDirectory {
     this.listeners.clear();
   }
 
-  fleetAddresses(): readonly string[] {
+  fleetAddresses(): ReadonlySet<string> {
     return this.fleet;
   }
 
@@ -114,22 +114,23 @@ export class ClusterDirectory implements ServiceDirectory {
       namespace: ref.namespace,
       labelSelector: `kubernetes.io/service-name=${ref.name}`,
     });
+    const endpoints = slices.items.flatMap((slice) => slice.endpoints ?? []);
+    const podOf = (endpoint: (typeof endpoints)[number]) => {
+      const target = endpoint.targetRef;
+      return target?.kind === 'Pod' && (target.namespace ?? ref.namespace) === ref.namespace ? target.name : undefined;
+    };
+    // Each pod named by an endpoint, read once and all at once (a headless Service may have many).
+    const names = [...new Set(endpoints.map(podOf).filter((n): n is string => n !== undefined))];
+    const pods = new Map(
+      await Promise.all(names.map(async (name) => [name, await this.podOf(ref.namespace, name)] as const)),
+    );
     const backends: Array<{ address: string; podOfNamespace: boolean; ready: boolean }> = [];
-    for (const slice of slices.items) {
-      for (const endpoint of slice.endpoints ?? []) {
-        const target = endpoint.targetRef;
-        const podName =
-          target?.kind === 'Pod' && (target.namespace ?? ref.namespace) === ref.namespace ? target.name : undefined;
-        const pod = podName ? await this.podOf(ref.namespace, podName) : undefined;
-        const podIPs = new Set((pod?.status?.podIPs ?? []).map((p) => p.ip).concat(pod?.status?.podIP ?? []));
-        for (const address of endpoint.addresses) {
-          backends.push({
-            address,
-            podOfNamespace: podIPs.has(address),
-            ready: endpoint.conditions?.ready !== false,
-          });
-        }
-      }
+    for (const endpoint of endpoints) {
+      const name = podOf(endpoint);
+      const pod = name === undefined ? undefined : pods.get(name);
+      const podIPs = new Set((pod?.status?.podIPs ?? []).map((p) => p.ip).concat(pod?.status?.podIP ?? []));
+      const ready = endpoint.conditions?.ready !== false;
+      for (const address of endpoint.addresses) backends.push({ address, podOfNamespace: podIPs.has(address), ready });
     }
     return { kind: 'service', clusterIPs, ports, backends };
   }
@@ -157,12 +158,12 @@ export class ClusterDirectory implements ServiceDirectory {
       }
       addresses.delete('');
       addresses.delete('none');
-      const next = [...addresses].sort();
       if (this.fleetFailing) this.log.info({ namespace: this.fleetNamespace }, 'the fleet namespace is listed again');
       this.fleetFailing = false;
-      if (next.join() === this.fleet.join()) return;
-      this.fleet = next;
-      for (const listener of this.listeners) listener(next);
+      if (addresses.size === this.fleet.size && [...addresses].every((a) => this.fleet.has(a))) return;
+      this.fleet = addresses;
+      const list = [...addresses];
+      for (const listener of this.listeners) listener(list);
     } catch (err) {
       if (!this.fleetFailing) {
         this.log.warn(

@@ -12,7 +12,7 @@ import {
 import type { ClusterVerdict } from '../spec/cluster-verdict.js';
 import { NamespaceEndpointPolicy } from '../spec/endpoint-policy.js';
 import { serviceOfName } from '../spec/host-names.js';
-import { parseReverseRequest, requestContext } from '../spec/reverse-request.js';
+import { type Forward, parseReverseRequest, requestContext } from '../spec/reverse-request.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { kubeCall, orNotFound } from './kube-api.js';
 import { Memo } from './memo.js';
@@ -82,9 +82,15 @@ export class ClusterGate {
         };
       }
     }
-    const externalName = await this.externalNameVerdict(pod);
+    let forwards: readonly Forward[];
+    try {
+      forwards = parseReverseRequest(pod.annotations, requestContext(this.config, pod.namespace))?.forwards ?? [];
+    } catch {
+      return { ok: true }; // bad input: the validate step refuses it with its own message
+    }
+    const externalName = await this.externalNameVerdict(pod, forwards);
     if (externalName) return externalName;
-    if (k8s.NetworkPolicies) return this.networkPolicyVerdict(pod);
+    if (k8s.NetworkPolicies) return this.networkPolicyVerdict(pod, forwards);
     return { ok: true };
   }
 
@@ -92,18 +98,12 @@ export class ClusterGate {
    * A Service of the pod's that is an ExternalName is judged as the name it points to: a tenant's own
    * `r` → `postgres.tenant-b.svc…` is refused here already, with the words the dial would use.
    */
-  private async externalNameVerdict(pod: GatedPod): Promise<ClusterVerdict | undefined> {
-    let request: ReturnType<typeof parseReverseRequest>;
-    try {
-      request = parseReverseRequest(pod.annotations, requestContext(this.config, pod.namespace));
-    } catch {
-      return undefined; // bad input: the validate step refuses it with its own message
-    }
+  private async externalNameVerdict(pod: GatedPod, forwards: readonly Forward[]): Promise<ClusterVerdict | undefined> {
     const domain = this.config.Backhaul.ClusterDomain;
     const policy = new NamespaceEndpointPolicy(this.config.Backhaul.EndpointPolicy, pod.namespace, {
       clusterDomain: domain,
     });
-    for (const forward of request?.forwards ?? []) {
+    for (const forward of forwards) {
       const service = serviceOfName(forward.dialHost, domain);
       if (!service) continue;
       const svc = await this.serviceOf(service);
@@ -128,14 +128,8 @@ export class ClusterGate {
     });
   }
 
-  private async networkPolicyVerdict(pod: GatedPod): Promise<ClusterVerdict> {
-    let request: ReturnType<typeof parseReverseRequest>;
-    try {
-      request = parseReverseRequest(pod.annotations, requestContext(this.config, pod.namespace));
-    } catch {
-      return { ok: true }; // bad input: the validate step refuses it with its own message
-    }
-    for (const forward of request?.forwards ?? []) {
+  private async networkPolicyVerdict(pod: GatedPod, forwards: readonly Forward[]): Promise<ClusterVerdict> {
+    for (const forward of forwards) {
       const destinations = await this.destinationsOf(forward.dialHost, forward.port);
       if (destinations.length === 0) continue;
       const world = await this.worldOf(pod.namespace, destinations);

@@ -30,6 +30,7 @@ export const MAX_BODIES_BYTES = 16 * 1024 * 1024;
 export const MAX_REQUESTS = 64;
 /** Connections at once (each costs a TLS session); more are closed as they come. */
 export const MAX_CONNECTIONS = 512;
+const TOO_LARGE = `the body is over ${MAX_BODY} bytes; an AdmissionReview of one pod is far smaller (the API server caps objects at about 1.5 MiB)`;
 /** A refused body is read and dropped, so that its client reads the answer; past this, the connection is cut. */
 const MAX_DRAIN = 16 * 1024 * 1024;
 
@@ -225,10 +226,7 @@ export class WebhookServer {
         taken = 0;
       });
       if (Number.isFinite(declared) && declared > MAX_BODY) {
-        refuse(
-          413,
-          `the body is over ${MAX_BODY} bytes; an AdmissionReview of one pod is far smaller (the API server caps objects at about 1.5 MiB)`,
-        );
+        refuse(413, TOO_LARGE);
       } else if (Number.isFinite(declared) && declared > 0) {
         if (this.budget.take(declared)) taken = declared;
         else refuse(503, 'the webhook holds as many request bodies as it may; try again');
@@ -243,10 +241,7 @@ export class WebhookServer {
       }
       size += chunk.length;
       if (size > MAX_BODY) {
-        refuse(
-          413,
-          `the body is over ${MAX_BODY} bytes; an AdmissionReview of one pod is far smaller (the API server caps objects at about 1.5 MiB)`,
-        );
+        refuse(413, TOO_LARGE);
         return;
       }
       if (size > taken) {

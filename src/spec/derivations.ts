@@ -37,13 +37,13 @@ export function socketDir(socketRoot: string, uid: string): string {
   return `${root === '/' ? '' : root}/bh-${digest}`;
 }
 
+/** The SOCKS port's socket in the socket dir: the relay joins its connections to it like a forward's. */
+export const SOCKS_SOCKET = 'socks.sock';
+
 /**
  * `<port>.sock` for the first forward listening on PORT, `<port>.<n>.sock` for the n-th (n ≥ 2; two
  * Services on one port). A pod whose listen ports are distinct keeps the paths it always had.
  */
-/** The SOCKS port's socket in the socket dir: the relay joins its connections to it like a forward's. */
-export const SOCKS_SOCKET = 'socks.sock';
-
 export function socketName(listenPort: number, nth = 1): string {
   return nth === 1 ? `${listenPort}.sock` : `${listenPort}.${nth}.sock`;
 }

@@ -119,7 +119,7 @@ export function interfaceAddresses(): ReadonlySet<string> {
 
 export interface PolicyContext {
   clusterDomain: string;
-  /** The fleet's addresses; by default its interfaces only (admission has no more to go on). */
+  /** The fleet's addresses beyond its interfaces (its namespace's, from the API); none at admission. */
   fleet?: FleetAddresses;
 }
 
@@ -138,6 +138,8 @@ export class NamespaceEndpointPolicy {
     open: ReturnType<typeof blockOf>;
   }>;
   private readonly fleet: FleetAddresses;
+  /** A CIDR rule inside 127.0.0.0/8 exists: `localhost` may be named (its address is still checked). */
+  private readonly loopbackNamed: boolean;
   private readonly clusterSuffix: string;
 
   constructor(
@@ -161,7 +163,9 @@ export class NamespaceEndpointPolicy {
       open: blockOf(this.rules.CIDRs.filter((c) => cidrInside(c, p.cidr))),
     }));
     const own = interfaceAddresses();
-    this.fleet = context.fleet ?? { has: (address) => own.has(address) };
+    const more = context.fleet;
+    this.fleet = { has: (address) => own.has(address) || more?.has(address) === true };
+    this.loopbackNamed = this.rules.CIDRs.some((c) => cidrInside(c, '127.0.0.0/8'));
     this.clusterSuffix = `.${context.clusterDomain}`;
   }
 
@@ -181,7 +185,7 @@ export class NamespaceEndpointPolicy {
     const { host, service } = endpoint;
     if (service) return this.serviceRefusal(service);
     if (host === 'localhost' || host.endsWith('.localhost')) {
-      if (this.rules.CIDRs.some((c) => cidrInside(c, '127.0.0.0/8'))) return undefined;
+      if (this.loopbackNamed) return undefined;
       return `${host} is the fleet's own loopback; only a CIDR rule inside 127.0.0.0/8 in ${POLICY_KEY} opens it`;
     }
     // Pod, endpoint and headless-member names live under the cluster domain too; only Services are endpoints.

@@ -3,7 +3,6 @@ import { isIPv4, isIPv6, Socket } from 'node:net';
 import {
   type DialAddress,
   type EndpointPolicy,
-  interfaceAddresses,
   type NamedEndpoint,
   NamespaceEndpointPolicy,
 } from '../spec/endpoint-policy.js';
@@ -61,10 +60,9 @@ export class EndpointDialer {
     readonly podNamespace: string,
     private readonly directory: ServiceDirectory = NO_CLUSTER_DIRECTORY,
   ) {
-    const own = interfaceAddresses();
     this.policy = new NamespaceEndpointPolicy(rules.endpointPolicy, podNamespace, {
       clusterDomain: rules.clusterDomain,
-      fleet: { has: (address) => own.has(address) || directory.fleetAddresses().includes(address) },
+      fleet: { has: (address) => directory.fleetAddresses().has(address) },
     });
   }
 

@@ -8,7 +8,7 @@ import type { ServiceBackend, ServiceRef } from '../spec/endpoint-policy.js';
 export interface ServiceDirectory {
   lookup(service: ServiceRef): Promise<ServiceAnswer>;
   /** The fleet's own addresses beyond its interfaces: its namespace's Services and pods. */
-  fleetAddresses(): readonly string[];
+  fleetAddresses(): ReadonlySet<string>;
   /** Called with the new list whenever it changes; returns the unsubscribe. */
   onFleetAddresses(listener: (addresses: readonly string[]) => void): () => void;
 }
@@ -35,6 +35,6 @@ export const NO_CLUSTER_DIRECTORY: ServiceDirectory = {
     kind: 'missing',
     why: `no Kubernetes API to look Service ${service.name}.${service.namespace} up (Backhaul.Kubernetes.Kubeconfig, or Backhaul.HostAliases naming its address)`,
   }),
-  fleetAddresses: () => [],
+  fleetAddresses: () => new Set(),
   onFleetAddresses: () => () => undefined,
 };

@@ -108,7 +108,7 @@ const hops: LoginHops = access ? accessFromData(access).pool : remoteHops;
 
 /** How long a thread reuses the session host's answer for a Service (that one is cached as well). */
 const SERVICE_TTL_MS = 2_000;
-let fleetAddresses: readonly string[] = initialFleet;
+let fleetAddresses: ReadonlySet<string> = new Set(initialFleet);
 const answers = new Map<string, { at: number; answer: Promise<ServiceAnswer> }>();
 
 /** The session host's ServiceDirectory, asked through calls; its fleet addresses pushed here. */
@@ -201,7 +201,7 @@ port.on('message', (message: ToThread) => {
       void shadows.get(message.id)?.close(message.reason);
       return;
     case 'fleet-addresses':
-      fleetAddresses = message.addresses;
+      fleetAddresses = new Set(message.addresses);
       return;
   }
 });

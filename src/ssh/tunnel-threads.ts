@@ -6,7 +6,7 @@ import { LoginHopService } from './login-hop-service.js';
 import { NO_CLUSTER_DIRECTORY, type ServiceDirectory } from './service-directory.js';
 import type { ShadowEnd, ShadowSessionOptions } from './shadow-session.js';
 import type { SiteAccess, SiteAccessData } from './site-access.js';
-import type { FromThread, ToThread, TunnelThreadData } from './tunnel-protocol.js';
+import type { FromThread, HopCall, HopValue, ToThread, TunnelThreadData } from './tunnel-protocol.js';
 
 /** What the session host holds of a shadow: a ShadowSession here, or one in a tunnel thread. */
 export interface Shadow {
@@ -170,37 +170,45 @@ class TunnelThread {
     held.end(end);
   }
 
-  private answerFence(call: number, id: string): void {
-    const fence = this.held.get(id)?.opts.fence;
-    const asked = fence ? fence() : Promise.resolve(false);
-    asked.then(
-      (held) => this.send({ type: 'reply', call, ok: true, value: { held } }),
+  /** Sends the thread the value of a call the session host answers itself, or its error. */
+  private reply(call: number, value: Promise<HopValue>): void {
+    value.then(
+      (v) => this.send({ type: 'reply', call, ok: true, value: v }),
       (err: unknown) => this.send({ type: 'reply', call, ok: false, error: { message: String(err) } }),
     );
   }
 
-  private answerSlot(call: number, id: string, namespace: string): void {
-    const held = this.held.get(id);
-    const acquire = held?.opts.carrierSlot;
-    if (!held || !acquire) {
-      this.send({ type: 'reply', call, ok: true, value: null });
-      return;
+  /** The calls a thread makes of its shadow's callbacks and of the session host's directory. */
+  private answer(call: number, request: Extract<HopCall, { method: 'fence' | 'service' | 'slot' }>): void {
+    switch (request.method) {
+      case 'fence': {
+        const fence = this.held.get(request.shadow)?.opts.fence;
+        this.reply(
+          call,
+          (fence ? fence() : Promise.resolve(false)).then((held) => ({ held })),
+        );
+        return;
+      }
+      case 'service':
+        this.reply(
+          call,
+          this.directory.lookup({ namespace: request.namespace, name: request.name }).then((service) => ({ service })),
+        );
+        return;
+      case 'slot': {
+        const held = this.held.get(request.shadow);
+        const acquire = held?.opts.carrierSlot;
+        if (!held || !acquire) return this.reply(call, Promise.resolve(null));
+        const taken = acquire(request.namespace, held.slot.signal).then((release) => {
+          // Given back when the shadow ends (finish), or at once if it ended while waiting.
+          if (held.done) release();
+          else held.releaseSlot = release;
+          return null;
+        });
+        this.reply(call, taken);
+        return;
+      }
     }
-    acquire(namespace, held.slot.signal).then(
-      (release) => {
-        if (held.done) release();
-        else held.releaseSlot = release;
-        this.send({ type: 'reply', call, ok: true, value: null });
-      },
-      (err: unknown) => this.send({ type: 'reply', call, ok: false, error: { message: String(err) } }),
-    );
-  }
-
-  private answerService(call: number, namespace: string, name: string): void {
-    this.directory.lookup({ namespace, name }).then(
-      (service) => this.send({ type: 'reply', call, ok: true, value: { service } }),
-      (err: unknown) => this.send({ type: 'reply', call, ok: false, error: { message: String(err) } }),
-    );
   }
 
   send(message: ToThread): void {
@@ -210,11 +218,12 @@ class TunnelThread {
   private receive(message: FromThread): void {
     switch (message.type) {
       case 'call':
-        if (message.request.method === 'fence') this.answerFence(message.call, message.request.shadow);
-        else if (message.request.method === 'service') {
-          this.answerService(message.call, message.request.namespace, message.request.name);
-        } else if (message.request.method === 'slot') {
-          this.answerSlot(message.call, message.request.shadow, message.request.namespace);
+        if (
+          message.request.method === 'fence' ||
+          message.request.method === 'service' ||
+          message.request.method === 'slot'
+        ) {
+          this.answer(message.call, message.request);
         } else this.service.serve(message.call, message.request);
         return;
       case 'phase':

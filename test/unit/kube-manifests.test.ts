@@ -131,7 +131,11 @@ describe('deploy/: every manifest loads with the client library', () => {
 
   it('lets only the API server reach the webhook and only the scraper the health port (issue 25, item 4)', () => {
     type Ingress = {
-      _from: Array<{ ipBlock?: { cidr: string }; namespaceSelector?: unknown; podSelector?: unknown }>;
+      _from: Array<{
+        ipBlock?: { cidr: string; except?: string[] };
+        namespaceSelector?: unknown;
+        podSelector?: unknown;
+      }>;
       ports: { port: number }[];
     };
     const ingressOf = (name: string) =>
@@ -145,6 +149,8 @@ describe('deploy/: every manifest loads with the client library', () => {
     // (the client library names `from` `_from`)
     expect(webhook.ingress.flatMap((rule) => rule._from.map((peer) => Object.keys(peer)))).toEqual([['ipBlock']]);
     expect(webhook.ingress.flatMap((rule) => rule.ports.map((p) => p.port))).toEqual([8443]);
+    // The pod network is left out (a wrong value fails open: the API server is never kept out).
+    expect(webhook.ingress[0]?._from[0]?.ipBlock).toEqual({ cidr: '0.0.0.0/0', except: ['10.244.0.0/16'] });
     const fleet = ingressOf('backhaul-fleet-ingress');
     expect(fleet.podSelector.matchLabels['app.kubernetes.io/component']).toBe('fleet');
     expect(fleet.ingress).toEqual([
