@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stops what scripts/slurm-up.sh started: slurmd, slurmctld, munged (by their pid files) and
+# Stops what scripts/slurm-up.sh started: both slurmds, slurmctld, munged (by their pid files) and
 # removes the pid files they leave behind (a stale /run/slurm*.pid breaks `apt-get purge`).
 # Leaves slurm.conf, the spool directories and the /etc/hosts line in place.
 # BH_SLURM_KEEP_MUNGE=1 keeps munged running.
@@ -40,6 +40,7 @@ stop() { # PIDFILE COMM
 }
 
 stop /run/slurmd.pid slurmd
+stop "/run/slurmd-${BH_SLURM_PRIVATE_NODE:-bhnode2}.pid" slurmd
 stop /run/slurmctld.pid slurmctld
 if [ "${BH_SLURM_KEEP_MUNGE:-0}" != 1 ]; then
   stop /run/munge/munged.pid munged

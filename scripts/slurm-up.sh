@@ -8,12 +8,20 @@
 # prints bhnode1 and a session host reaches the node's sshd as bhnode1:<port>, as it would reach
 # a real compute node by its name. slurmd runs here with `-N bhnode1` (NodeHostname is this host).
 #
+# A second node, bhnode2 (partition `jobtmp`, never the default), runs Slurm's job_container/tmpfs: every
+# job there gets a private /tmp (under /var/lib/backhaul-jobtmp, root-only 0700 per job), as sites that
+# separate jobs of one user have. Its slurmd is a second slurmd on this host (`-N bhnode2`, port 6828)
+# reading $CONF_DIR/bhnode2/slurm.conf: the same file but for its spool, pid and log paths and
+# JobContainerType (the controller only logs that the two files differ). PrologFlags=Contain, which
+# job_container/tmpfs needs, is set for the whole cluster: every job has an `extern` step, as on most sites.
+#
 # Needs root, no systemd (daemons are started directly; pid files in /run).
-# Environment: BH_SLURM_NODE (bhnode1), BH_SLURM_CPUS (64), BH_SLURM_QUIET=1 (print less),
+# Environment: BH_SLURM_NODE (bhnode1), BH_SLURM_PRIVATE_NODE (bhnode2), BH_SLURM_CPUS (64), BH_SLURM_QUIET=1 (print less),
 #              BH_SLURM_WAIT (seconds to wait for the node, 60).
 set -euo pipefail
 
 NODE=${BH_SLURM_NODE:-bhnode1}
+PRIVATE_NODE=${BH_SLURM_PRIVATE_NODE:-bhnode2}
 CPUS=${BH_SLURM_CPUS:-64}
 WAIT=${BH_SLURM_WAIT:-60}
 QUIET=${BH_SLURM_QUIET:-0}
@@ -25,6 +33,12 @@ CTLD_LOG=$LOG_DIR/slurmctld.log
 SLURMD_LOG=$LOG_DIR/slurmd.log
 CTLD_PID=/run/slurmctld.pid
 SLURMD_PID=/run/slurmd.pid
+PRIVATE_CONF_DIR=$CONF_DIR/$PRIVATE_NODE
+PRIVATE_CONF=$PRIVATE_CONF_DIR/slurm.conf
+PRIVATE_SLURMD_PID=/run/slurmd-$PRIVATE_NODE.pid
+PRIVATE_SLURMD_LOG=$LOG_DIR/slurmd-$PRIVATE_NODE.log
+PRIVATE_SPOOL=/var/spool/slurmd-$PRIVATE_NODE
+JOB_TMP_BASE=/var/lib/backhaul-jobtmp
 MUNGE_RUN=/run/munge
 MUNGE_PID=$MUNGE_RUN/munged.pid
 MUNGE_SOCK=$MUNGE_RUN/munge.socket.2
@@ -48,6 +62,7 @@ for bin in munged munge unmunge slurmctld slurmd sinfo scontrol; do
   command -v "$bin" >/dev/null 2>&1 || die "$bin not found: apt-get install --no-install-recommends munge slurmctld slurmd slurm-client"
 done
 case $NODE in "$HOST") die "the node name must not be the host name ($HOST)";; esac
+case $PRIVATE_NODE in "$HOST"|"$NODE") die "the private node's name must be neither the host name ($HOST) nor $NODE";; esac
 
 # One run at a time (test files and a person at a shell may call this together).
 exec 9>"$LOCK"
@@ -65,14 +80,16 @@ alive() {
   echo "$pid"
 }
 
-# ---------------------------------------------------------------- /etc/hosts: NODE -> 127.0.0.1
-if ! awk -v n="$NODE" '$1 == "127.0.0.1" { for (i = 2; i <= NF; i++) if ($i == n) found = 1 } END { exit !found }' /etc/hosts; then
-  # Append in place (no rename: /etc/hosts may be a bind mount).
-  printf '127.0.0.1 %s # backhaul loopback test site\n' "$NODE" >>/etc/hosts
-  say "added '127.0.0.1 $NODE' to /etc/hosts"
-fi
-resolved=$(getent ahostsv4 "$NODE" | awk 'NR == 1 { print $1 }')
-[ "$resolved" = 127.0.0.1 ] || die "$NODE resolves to '${resolved:-nothing}', not 127.0.0.1 (check /etc/hosts and /etc/nsswitch.conf)"
+# ---------------------------------------------------------------- /etc/hosts: NODE, PRIVATE_NODE -> 127.0.0.1
+for name in "$NODE" "$PRIVATE_NODE"; do
+  if ! awk -v n="$name" '$1 == "127.0.0.1" { for (i = 2; i <= NF; i++) if ($i == n) found = 1 } END { exit !found }' /etc/hosts; then
+    # Append in place (no rename: /etc/hosts may be a bind mount).
+    printf '127.0.0.1 %s # backhaul loopback test site\n' "$name" >>/etc/hosts
+    say "added '127.0.0.1 $name' to /etc/hosts"
+  fi
+  resolved=$(getent ahostsv4 "$name" | awk 'NR == 1 { print $1 }')
+  [ "$resolved" = 127.0.0.1 ] || die "$name resolves to '${resolved:-nothing}', not 127.0.0.1 (check /etc/hosts and /etc/nsswitch.conf)"
+done
 
 # ---------------------------------------------------------------- slurm.conf
 mem_total=$(slurmd -C 2>/dev/null | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n1)
@@ -104,14 +121,24 @@ SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=5
+PrologFlags=Contain
 InactiveLimit=0
 MinJobAge=300
 SlurmctldTimeout=30
 SlurmdTimeout=30
 NodeName=$NODE NodeHostname=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$mem State=UNKNOWN
+NodeName=$PRIVATE_NODE NodeHostname=$HOST NodeAddr=127.0.0.1 Port=6828 CPUs=$CPUS RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+PartitionName=jobtmp Nodes=$PRIVATE_NODE Default=NO MaxTime=INFINITE State=UP
 EOF
 )
+private_desired=$(printf '%s\n' "$desired" | sed \
+  -e "s#^SlurmdSpoolDir=.*#SlurmdSpoolDir=$PRIVATE_SPOOL#" \
+  -e "s#^SlurmdPidFile=.*#SlurmdPidFile=$PRIVATE_SLURMD_PID#" \
+  -e "s#^SlurmdLogFile=.*#SlurmdLogFile=$PRIVATE_SLURMD_LOG#"
+  printf 'JobContainerType=job_container/tmpfs\n')
+jc_desired="AutoBasePath=true
+BasePath=$JOB_TMP_BASE"
 conf_changed=0
 if [ ! -f "$CONF" ] || [ "$(<"$CONF")" != "$desired" ]; then
   install -d -m 0755 "$CONF_DIR"
@@ -121,9 +148,19 @@ if [ ! -f "$CONF" ] || [ "$(<"$CONF")" != "$desired" ]; then
   conf_changed=1
   say "wrote $CONF (node $NODE, host $HOST, CPUs=$CPUS)"
 fi
+install -d -m 0755 "$PRIVATE_CONF_DIR"
+if [ ! -f "$PRIVATE_CONF" ] || [ "$(<"$PRIVATE_CONF")" != "$private_desired" ] \
+  || [ "$(cat "$PRIVATE_CONF_DIR/job_container.conf" 2>/dev/null)" != "$jc_desired" ]; then
+  printf '%s\n' "$private_desired" >"$PRIVATE_CONF.new"
+  printf '%s\n' "$jc_desired" >"$PRIVATE_CONF_DIR/job_container.conf"
+  chmod 0644 "$PRIVATE_CONF.new" "$PRIVATE_CONF_DIR/job_container.conf"
+  mv -f "$PRIVATE_CONF.new" "$PRIVATE_CONF"
+  conf_changed=1
+  say "wrote $PRIVATE_CONF (node $PRIVATE_NODE: job_container/tmpfs under $JOB_TMP_BASE)"
+fi
 
 install -d -o slurm -g slurm -m 0755 /var/spool/slurmctld "$LOG_DIR"
-install -d -o root -g root -m 0755 /var/spool/slurmd
+install -d -o root -g root -m 0755 /var/spool/slurmd "$PRIVATE_SPOOL" "$JOB_TMP_BASE"
 
 # Daemons must keep nothing of their caller: not this script's lock (fd 9), not a caller's lock or a
 # test runner's pipes (a caller waiting for EOF on its pipe would wait for as long as the daemon lives).
@@ -175,6 +212,7 @@ stop_daemon() { # PIDFILE COMM
 
 if [ "$conf_changed" = 1 ]; then
   stop_daemon "$SLURMD_PID" slurmd
+  stop_daemon "$PRIVATE_SLURMD_PID" slurmd
   stop_daemon "$CTLD_PID" slurmctld
 fi
 
@@ -188,54 +226,65 @@ if ! alive "$CTLD_PID" slurmctld >/dev/null; then
   say "started slurmctld (pid $(cat "$CTLD_PID" 2>/dev/null || echo ?))"
 fi
 
-slurmd_since=0
+slurmd_since=0 private_since=0
 if ! alive "$SLURMD_PID" slurmd >/dev/null; then
   rm -f "$SLURMD_PID"
   slurmd_since=$(date +%s)
   detached slurmd -N "$NODE" || die "slurmd did not start" "$SLURMD_LOG"
   say "started slurmd -N $NODE (pid $(cat "$SLURMD_PID" 2>/dev/null || echo ?))"
 fi
+if ! alive "$PRIVATE_SLURMD_PID" slurmd >/dev/null; then
+  rm -f "$PRIVATE_SLURMD_PID"
+  private_since=$(date +%s)
+  detached slurmd -f "$PRIVATE_CONF" -N "$PRIVATE_NODE" || die "slurmd -N $PRIVATE_NODE did not start" "$PRIVATE_SLURMD_LOG"
+  say "started slurmd -N $PRIVATE_NODE (pid $(cat "$PRIVATE_SLURMD_PID" 2>/dev/null || echo ?))"
+fi
 
-# ---------------------------------------------------------------- wait for the node
-node_state() { sinfo -h -n "$NODE" -o %t 2>/dev/null | head -n1; }
+# ---------------------------------------------------------------- wait for the nodes
+node_state() { sinfo -h -n "$1" -o %t 2>/dev/null | head -n1; }
 slurmd_start_epoch() {
   local t
-  t=$(scontrol show node "$NODE" -o 2>/dev/null | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p')
+  t=$(scontrol show node "$1" -o 2>/dev/null | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p')
   case $t in ''|None|Unknown) echo 0;; *) date -d "$t" +%s 2>/dev/null || echo 0;; esac
 }
 last_state=''
-ready() {
+ready() { # NODE SINCE
   local state
-  state=$(node_state)
+  state=$(node_state "$1")
   last_state=$state
   # idle, mix or alloc without a suffix (`*` not responding, `~` powered off, `#` powering up, `$` maint).
   case $state in idle|mix|alloc) ;; *) return 1;; esac
   # After a restart, the node must have registered from the new slurmd (not a state saved earlier).
-  [ "$slurmd_since" = 0 ] || [ "$(slurmd_start_epoch)" -ge "$((slurmd_since - 1))" ]
+  [ "$2" = 0 ] || [ "$(slurmd_start_epoch "$1")" -ge "$(($2 - 1))" ]
 }
 
-if [ "$started_ctld$slurmd_since" = 00 ] && ready; then
-  say "already up: munged, slurmctld, slurmd; node $NODE $last_state"
-else
+wait_node() { # NODE SINCE PIDFILE LOG
+  local node=$1 since=$2 pidfile=$3 log=$4 deadline resumed=0 state
+  if [ "$started_ctld$since" = 00 ] && ready "$node" "$since"; then
+    say "already up: node $node $last_state"
+    return
+  fi
   deadline=$(( $(date +%s) + WAIT ))
-  resumed=0
-  until ready; do
+  until ready "$node" "$since"; do
     state=$last_state
     # A node left down or drained by an earlier crash: put it back once its slurmd is up.
     case $state in down*|drain*|drng*|fail*)
-      if [ "$resumed" = 0 ] && alive "$SLURMD_PID" slurmd >/dev/null; then
-        scontrol update NodeName="$NODE" State=RESUME >/dev/null 2>&1 || true
+      if [ "$resumed" = 0 ] && alive "$pidfile" slurmd >/dev/null; then
+        scontrol update NodeName="$node" State=RESUME >/dev/null 2>&1 || true
         resumed=1
-        say "node $NODE was '$state': asked scontrol to resume it"
+        say "node $node was '$state': asked scontrol to resume it"
       fi;;
     esac
-    if ! alive "$SLURMD_PID" slurmd >/dev/null; then die "slurmd exited while starting" "$SLURMD_LOG"; fi
+    if ! alive "$pidfile" slurmd >/dev/null; then die "slurmd -N $node exited while starting" "$log"; fi
     if ! alive "$CTLD_PID" slurmctld >/dev/null; then die "slurmctld exited while starting" "$CTLD_LOG"; fi
     if [ "$(date +%s)" -ge "$deadline" ]; then
-      scontrol show node "$NODE" >&2 || true
-      die "node $NODE not ready after ${WAIT}s (sinfo state '${state:-none}')" "$SLURMD_LOG"
+      scontrol show node "$node" >&2 || true
+      die "node $node not ready after ${WAIT}s (sinfo state '${state:-none}')" "$log"
     fi
     sleep 0.1
   done
-  say "node $NODE is $(node_state) (SlurmdStartTime $(scontrol show node "$NODE" -o | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p'))"
-fi
+  say "node $node is $(node_state "$node") (SlurmdStartTime $(scontrol show node "$node" -o | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p'))"
+}
+
+wait_node "$NODE" "$slurmd_since" "$SLURMD_PID" "$SLURMD_LOG"
+wait_node "$PRIVATE_NODE" "$private_since" "$PRIVATE_SLURMD_PID" "$PRIVATE_SLURMD_LOG"

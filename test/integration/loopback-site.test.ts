@@ -14,6 +14,8 @@ import {
   jobState,
   runSlurmUp,
   SLURM_NODE,
+  SLURM_PRIVATE_NODE,
+  SLURM_PRIVATE_PARTITION,
   sbatch,
   scancel,
   srunInJob,
@@ -196,6 +198,30 @@ describe('loopback site: Slurm', () => {
     for (const id of ids) expect((await waitForState(id, ['CANCELLED'], 10_000)).state).toBe('CANCELLED');
   });
 
+  test('a job on the jobtmp node has a /tmp of its own: its steps share it, another job of the user and the user outside see none of it', async () => {
+    const marker = `bh-lb-private-${randomBytes(4).toString('hex')}`;
+    const script = `#!/bin/sh\necho mine > /tmp/${marker}\nsleep 600\n`;
+    const args = ['-p', SLURM_PRIVATE_PARTITION];
+    const [a, b] = await Promise.all([
+      sbatch(jobUser, script, { jobName: 'bh-lb-private-a', args }),
+      sbatch(jobUser, SLEEPER, { jobName: 'bh-lb-private-b', args }),
+    ]);
+    expect((await waitForState(a, ['RUNNING'])).batchHost).toBe(SLURM_PRIVATE_NODE);
+    await waitForState(b, ['RUNNING']);
+    const read = ['cat', `/tmp/${marker}`];
+    const own = await until('the batch step to write its file', async () => {
+      const r = await srunInJob(jobUser, a, read, { node: SLURM_PRIVATE_NODE });
+      return r.code === 0 ? r : undefined;
+    });
+    expect(own.stdout).toBe('mine\n');
+    const other = await srunInJob(jobUser, b, read, { node: SLURM_PRIVATE_NODE });
+    expect(other.code, `${other.stdout}${other.stderr}`).not.toBe(0);
+    expect(other.stderr).toContain('No such file or directory');
+    const outside = await runAs(jobUser, 'cat', [`/tmp/${marker}`], { cwd: jobUser.home });
+    expect(outside.code, `${outside.stdout}${outside.stderr}`).not.toBe(0);
+    await scancel([a, b]);
+  });
+
   test('slurm-up.sh run again is fast and harmless', async () => {
     const jobId = await sbatch(jobUser, SLEEPER, { jobName: 'bh-lb-rerun' });
     await waitForState(jobId, ['RUNNING']);
@@ -213,6 +239,7 @@ describe('loopback site: Slurm', () => {
     expect(await jobState(jobId)).toEqual({ state: 'RUNNING', batchHost: SLURM_NODE });
     const hosts = fs.readFileSync('/etc/hosts', 'utf8').split('\n');
     expect(hosts.filter((l) => /^127\.0\.0\.1\s.*\bbhnode1\b/.test(l))).toHaveLength(1);
+    expect(hosts.filter((l) => /^127\.0\.0\.1\s.*\bbhnode2\b/.test(l))).toHaveLength(1);
     await scancel(jobId);
     await waitForState(jobId, ['CANCELLED']);
   });

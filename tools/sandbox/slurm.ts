@@ -14,6 +14,13 @@ import { ensureUser, type RunResult, runAs, type TestUser } from './users.js';
 const execFileAsync = promisify(execFile);
 
 export const SLURM_NODE = 'bhnode1';
+/**
+ * The second node, `bhnode2` (also 127.0.0.1), in partition `jobtmp` only: Slurm's job_container/tmpfs
+ * gives each of its jobs a private /tmp, as sites that keep one user's jobs apart do (submit with
+ * `-p jobtmp`). Its own slurmd, on port 6828.
+ */
+export const SLURM_PRIVATE_NODE = 'bhnode2';
+export const SLURM_PRIVATE_PARTITION = 'jobtmp';
 export const SLURM_UP = fileURLToPath(new URL('../../scripts/slurm-up.sh', import.meta.url));
 export const SLURM_DOWN = fileURLToPath(new URL('../../scripts/slurm-down.sh', import.meta.url));
 
@@ -66,6 +73,8 @@ export interface SlurmDaemons {
   munged: boolean;
   slurmctld: boolean;
   slurmd: boolean;
+  /** The private node's slurmd (bhnode2). */
+  privateSlurmd: boolean;
 }
 
 function runs(pidFile: string, comm: string): boolean {
@@ -82,6 +91,7 @@ export function slurmDaemons(): SlurmDaemons {
     munged: runs('/run/munge/munged.pid', 'munged'),
     slurmctld: runs('/run/slurmctld.pid', 'slurmctld'),
     slurmd: runs('/run/slurmd.pid', 'slurmd'),
+    privateSlurmd: runs(`/run/slurmd-${SLURM_PRIVATE_NODE}.pid`, 'slurmd'),
   };
 }
 
