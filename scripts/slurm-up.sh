@@ -14,6 +14,10 @@
 # reading $CONF_DIR/bhnode2/slurm.conf: the same file but for its spool, pid and log paths and
 # JobContainerType (the controller only logs that the two files differ). PrologFlags=Contain, which
 # job_container/tmpfs needs, is set for the whole cluster: every job has an `extern` step, as on most sites.
+# Where the cgroup v1 freezer hierarchy is mounted (this VM: v1 + v2 hybrid, no systemd), bhnode2 also
+# tracks jobs by cgroup (proctrack/cgroup, cgroup/v1): its jobs' processes sit in
+# freezer:/slurm_bhnode2/uid_<u>/job_<id>/step_<s>, the case of the relay's cgroup rule; bhnode1 keeps
+# proctrack/linuxproc (the relay's process-tree rule).
 #
 # Needs root, no systemd (daemons are started directly; pid files in /run).
 # Environment: BH_SLURM_NODE (bhnode1), BH_SLURM_PRIVATE_NODE (bhnode2), BH_SLURM_CPUS (64), BH_SLURM_QUIET=1 (print less),
@@ -139,6 +143,13 @@ private_desired=$(printf '%s\n' "$desired" | sed \
   printf 'JobContainerType=job_container/tmpfs\n')
 jc_desired="AutoBasePath=true
 BasePath=$JOB_TMP_BASE"
+cg_desired=""
+if mountpoint -q /sys/fs/cgroup/freezer 2>/dev/null; then
+  private_desired=$(printf '%s\n' "$private_desired" | sed -e "s#^ProctrackType=.*#ProctrackType=proctrack/cgroup#")
+  cg_desired="CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+CgroupAutomount=no"
+fi
 conf_changed=0
 if [ ! -f "$CONF" ] || [ "$(<"$CONF")" != "$desired" ]; then
   install -d -m 0755 "$CONF_DIR"
@@ -150,13 +161,20 @@ if [ ! -f "$CONF" ] || [ "$(<"$CONF")" != "$desired" ]; then
 fi
 install -d -m 0755 "$PRIVATE_CONF_DIR"
 if [ ! -f "$PRIVATE_CONF" ] || [ "$(<"$PRIVATE_CONF")" != "$private_desired" ] \
-  || [ "$(cat "$PRIVATE_CONF_DIR/job_container.conf" 2>/dev/null)" != "$jc_desired" ]; then
+  || [ "$(cat "$PRIVATE_CONF_DIR/job_container.conf" 2>/dev/null)" != "$jc_desired" ] \
+  || [ "$(cat "$PRIVATE_CONF_DIR/cgroup.conf" 2>/dev/null)" != "$cg_desired" ]; then
   printf '%s\n' "$private_desired" >"$PRIVATE_CONF.new"
   printf '%s\n' "$jc_desired" >"$PRIVATE_CONF_DIR/job_container.conf"
+  if [ -n "$cg_desired" ]; then
+    printf '%s\n' "$cg_desired" >"$PRIVATE_CONF_DIR/cgroup.conf"
+    chmod 0644 "$PRIVATE_CONF_DIR/cgroup.conf"
+  else
+    rm -f "$PRIVATE_CONF_DIR/cgroup.conf"
+  fi
   chmod 0644 "$PRIVATE_CONF.new" "$PRIVATE_CONF_DIR/job_container.conf"
   mv -f "$PRIVATE_CONF.new" "$PRIVATE_CONF"
   conf_changed=1
-  say "wrote $PRIVATE_CONF (node $PRIVATE_NODE: job_container/tmpfs under $JOB_TMP_BASE)"
+  say "wrote $PRIVATE_CONF (node $PRIVATE_NODE: job_container/tmpfs under $JOB_TMP_BASE${cg_desired:+, proctrack/cgroup})"
 fi
 
 install -d -o slurm -g slurm -m 0755 /var/spool/slurmctld "$LOG_DIR"

@@ -21,6 +21,16 @@ export const SLURM_NODE = 'bhnode1';
  */
 export const SLURM_PRIVATE_NODE = 'bhnode2';
 export const SLURM_PRIVATE_PARTITION = 'jobtmp';
+
+/**
+ * How the private node tracks a job's processes, as scripts/slurm-up.sh configured it: `cgroup`
+ * (proctrack/cgroup, where the cgroup v1 freezer hierarchy is mounted) or `process tree`
+ * (proctrack/linuxproc): the two rules of the relay's job check.
+ */
+export function privateNodeTracking(): 'cgroup' | 'process tree' {
+  const conf = readFileSync(`/etc/slurm/${SLURM_PRIVATE_NODE}/slurm.conf`, 'utf8');
+  return /^ProctrackType=proctrack\/cgroup$/m.test(conf) ? 'cgroup' : 'process tree';
+}
 export const SLURM_UP = fileURLToPath(new URL('../../scripts/slurm-up.sh', import.meta.url));
 export const SLURM_DOWN = fileURLToPath(new URL('../../scripts/slurm-down.sh', import.meta.url));
 
