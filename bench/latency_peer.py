@@ -4,8 +4,8 @@
 Both run as their own processes, so the benchmark's event loop never sits on the path it times.
 Every result is one JSON line on stdout.
 
-  echo --port P
-      TCP echo server on 127.0.0.1:P (0: any free port; prints {"listening": port}). One selector
+  echo --port P [--host H]
+      TCP echo server on H:P (127.0.0.1 unless told; 0: any free port; prints {"listening": port}). One selector
       loop, non-blocking sockets, TCP_NODELAY: it answers each read with the same bytes at once.
   client (--unix PATH | --tcp HOST:PORT) --size N --conns C (--count K | --seconds S) [--warmup W]
       C connections (TCP_NODELAY, as database and cache clients set it). Each sends N bytes, waits
@@ -36,10 +36,10 @@ def emit(line):
 
 # --------------------------------------------------------------------------- echo server
 
-def serve_echo(port):
+def serve_echo(port, host="127.0.0.1"):
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", port))
+    listener.bind((host, port))
     listener.listen(512)
     listener.setblocking(False)
     emit({"listening": listener.getsockname()[1]})
@@ -257,6 +257,7 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     echo = sub.add_parser("echo")
     echo.add_argument("--port", type=int, default=0)
+    echo.add_argument("--host", default="127.0.0.1")
     client = sub.add_parser("client")
     where = client.add_mutually_exclusive_group(required=True)
     where.add_argument("--unix")
@@ -269,7 +270,7 @@ def main(argv=None):
     client.add_argument("--connect", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "echo":
-        serve_echo(args.port)
+        serve_echo(args.port, args.host)
         return 0
     if not args.count and not args.seconds:
         parser.error("client: give --count or --seconds")

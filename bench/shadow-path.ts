@@ -33,7 +33,11 @@ export interface ShadowHost {
 }
 
 /** A session host's data plane: its login pool and, with threads > 0, its tunnel threads. */
-export async function startShadowHost(site: LoopbackSite, threads: number): Promise<ShadowHost> {
+export async function startShadowHost(
+  site: LoopbackSite,
+  threads: number,
+  backhaul: Record<string, unknown> = {},
+): Promise<ShadowHost> {
   const config = parseSiteConfig({
     Network: {
       SSH: {
@@ -46,6 +50,7 @@ export async function startShadowHost(site: LoopbackSite, threads: number): Prom
       Kubernetes: NO_CLUSTER_CHECKS,
       KeepaliveInterval: '2s',
       TunnelThreads: threads,
+      ...backhaul,
     },
   });
   const access = await openSiteAccess(config);
@@ -70,6 +75,9 @@ export interface ShadowTunnel {
   /** The relay's address and the listen port of each forward. */
   address: string;
   ports: number[];
+  /** The pod's job, and when (performance.now()) it was submitted, its node was known and its forwards were up. */
+  jobId: string;
+  times: { submitted: number; batchHost: number; forwardsReady: number };
 }
 
 /**
@@ -84,7 +92,10 @@ export async function openShadowTunnel(
   const podUid = uid();
   const h = { site: host.site, config: host.config, access: host.access, workdir: host.workdir };
   const plan = planFor(h, podUid, ports.map((p, i) => `${listenPorts[i]}:127.0.0.1:${p}`).join(' '));
+  const submitted = performance.now();
   const jobId = await sbatch(host.site.user, jobScript(h, plan, 'sleep 7200\n'), { jobName: podUid });
+  let batchHost = Number.NaN;
+  let forwardsUp = Number.NaN;
   onCleanup(`job ${jobId}`, () => scancel(jobId));
   const phases: ShadowPhase[] = [];
   let ready: () => void = () => undefined;
@@ -101,8 +112,11 @@ export async function openShadowTunnel(
     dialRules: dialRulesOf(host.config),
     onPhase: (phase) => {
       phases.push(phase);
-      if (phase.type === 'FORWARDS_READY') ready();
-      else if (phase.type !== 'SHADOW_UP' && phase.type !== 'BATCH_HOST' && phase.type !== 'CARRIER_OPEN') {
+      if (phase.type === 'BATCH_HOST') batchHost = performance.now();
+      if (phase.type === 'FORWARDS_READY') {
+        forwardsUp = performance.now();
+        ready();
+      } else if (phase.type !== 'SHADOW_UP' && phase.type !== 'BATCH_HOST' && phase.type !== 'CARRIER_OPEN') {
         say(`shadow of ${podUid}: ${JSON.stringify(phase)}`);
       }
     },
@@ -124,6 +138,8 @@ export async function openShadowTunnel(
     sockets: plan.forwards.map((f) => f.socketPath),
     address: plan.bindAddress,
     ports: plan.forwards.map((f) => f.listenPort),
+    jobId,
+    times: { submitted, batchHost, forwardsReady: forwardsUp },
   };
 }
 

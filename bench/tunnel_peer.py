@@ -7,8 +7,8 @@ with sha256 so a figure is only reported for correct bytes.
 
 Commands (every result is one JSON line on stdout):
 
-  sink --port P --block FILE
-      TCP sink on 127.0.0.1:P (0: any free port; prints {"listening": port}). Per connection it
+  sink --port P --block FILE [--host H]
+      TCP sink on H:P (127.0.0.1 unless told; 0: any free port; prints {"listening": port}). Per connection it
       reads a header line "up ID N" or "down ID N":
         up:   reads until EOF, hashes, then answers one line {"id", "bytes", "sha256"} and closes.
         down: writes N bytes of the block stream, then closes.
@@ -122,7 +122,7 @@ def sink(args):
     block = load_block(args.block)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", args.port))
+    server.bind((args.host, args.port))
     server.listen(64)
     emit({"listening": server.getsockname()[1]})
     while True:
@@ -311,6 +311,7 @@ def main():
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("sink")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--block", required=True)
     p = sub.add_parser("client")
     where = p.add_mutually_exclusive_group(required=True)

@@ -93,7 +93,38 @@ export function renderRemoveSockets(socketPaths: readonly string[]): string {
  * later remove exactly those (`ls -di` is POSIX, unlike stat's options).
  */
 export function renderSocketInodes(socketPaths: readonly string[]): string {
-  return `${socketPaths.map((p) => `ls -di -- ${shellQuote(p)} 2>/dev/null`).join('\n')}\nexit 0\n`;
+  return `${socketInodeLines(socketPaths)}exit 0\n`;
+}
+
+function socketInodeLines(socketPaths: readonly string[]): string {
+  return socketPaths.map((p) => `ls -di -- ${shellQuote(p)} 2>/dev/null\n`).join('');
+}
+
+/** The line renderForwardsUp prints between the socket inodes and the relay's lines. */
+const RELAY_PART = '--- relay';
+
+/**
+ * Once the forwards are bound, one script instead of two (each exec is 3 round trips to the node, over
+ * a WAN 60 ms and more): renderSocketInodes' lines, then, for a pod with a relay (RELAY_SOCKET_DIR),
+ * renderRelayReady's after a RELAY_PART line. parseForwardsUp takes the output apart.
+ */
+export function renderForwardsUp(socketPaths: readonly string[], relaySocketDir: string | undefined): string {
+  if (relaySocketDir === undefined) return renderSocketInodes(socketPaths);
+  return `${socketInodeLines(socketPaths)}echo '${RELAY_PART}'\n${renderRelayReady(relaySocketDir)}`;
+}
+
+/** renderForwardsUp's output: path → inode of each socket found, and the relay's lines (undefined: none). */
+export function parseForwardsUp(
+  output: string,
+  socketPaths: readonly string[],
+): { inodes: Map<string, string>; relay: string | undefined } {
+  const lines = output.split('\n');
+  const at = lines.indexOf(RELAY_PART);
+  if (at < 0) return { inodes: parseSocketInodes(output, socketPaths), relay: undefined };
+  return {
+    inodes: parseSocketInodes(lines.slice(0, at).join('\n'), socketPaths),
+    relay: lines.slice(at + 1).join('\n'),
+  };
 }
 
 /**

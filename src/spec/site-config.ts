@@ -201,6 +201,18 @@ export const backhaulSchema = z.strictObject({
   /** How long a forgotten pod's history is kept. */
   HistoryTTL: duration(1000).prefault('7d'),
   KeepaliveInterval: duration(100).prefault('2s'),
+  /**
+   * The largest receive window (MiB) one forwarded connection advertises. Each is sized to the measured
+   * round trip to the node (400 MB/s × RTT, at least ssh2's 2 MiB): a window smaller than the path's
+   * bandwidth-delay product caps a stream at window / RTT (2 MiB at 20 ms: 105 MB/s).
+   */
+  ChannelWindowMaxMiB: z.number().int().min(2).max(512).default(16),
+  /**
+   * Receive window (MiB) above 2 MiB that all forwarded connections of one session host may hold
+   * together (shared out evenly among its tunnel threads): a window is what a stalled reader can make the
+   * fleet buffer. Beyond it, connections get 2 MiB, as before tuning.
+   */
+  ChannelWindowBudgetMiB: z.number().int().min(0).max(65_536).default(256),
   SocketCheckInterval: duration(100).prefault('3s'),
   /**
    * How often squeue is asked, while a pod's forwards are held, whether its job still runs: a job killed

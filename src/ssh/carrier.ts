@@ -3,6 +3,7 @@ import ssh2, { type Client } from 'ssh2';
 import { type BatchJob, carrierCommands } from '../render/carrier-command.js';
 import { BOOTSTRAP_EXIT, HOSTKEY_PREFIX, renderBootstrap } from '../render/userspace-sshd.js';
 import type { CarrierMode } from '../spec/carrier-mode.js';
+import { pingMs } from './channel-window.js';
 import { type KnownHostEntry, verifyHostKey } from './known-hosts.js';
 import { type LoginHop, sshLoginHop } from './login-hop.js';
 import { SessionError } from './session-error.js';
@@ -15,6 +16,10 @@ export interface CarrierSite {
   sshdPath: string;
   nodeSshPort: number;
   keepaliveIntervalMs: number;
+  /** Backhaul.ChannelWindowMaxMiB in bytes: the most window one channel advertises (channel-window.ts). */
+  channelWindowMax?: number;
+  /** Backhaul.ChannelWindowBudgetMiB in bytes: window above the base all channels of a thread may hold. */
+  channelWindowBudget?: number;
   /** Network.SSH.ConnectTimeout: the batch host's handshake. */
   readyTimeoutMs?: number;
 }
@@ -32,6 +37,11 @@ export interface Carrier {
   readonly serverMessages: ServerMessages;
   /** Settles once, with why the carrier went away (never rejects). */
   readonly lost: Promise<string>;
+  /**
+   * The round trip to the batch host's sshd in ms, once measured (one keepalive sent as the carrier
+   * opens, answered before the first forward request is: no round trip is added); undefined before.
+   */
+  readonly rttMs: number | undefined;
   close(): void;
 }
 
@@ -110,6 +120,13 @@ export async function openCarrier(login: LoginHop, site: CarrierSite, req: Carri
 
 function carrier(mode: CarrierMode, client: Client, serverMessages: ServerMessages, hops: Client[]): Carrier {
   let closing = false;
+  let rttMs: number | undefined;
+  pingMs(client).then(
+    (ms) => {
+      rttMs = ms;
+    },
+    () => undefined, // the connection went away: `lost` says so
+  );
   const lost = new Promise<string>((resolve) => {
     // `on`, not `once`: ssh2 may emit a second error (e.g. a keepalive timeout after a reset).
     client.on('error', (err: Error) => resolve(closing ? 'closed' : err.message));
@@ -121,6 +138,9 @@ function carrier(mode: CarrierMode, client: Client, serverMessages: ServerMessag
     client,
     serverMessages,
     lost,
+    get rttMs() {
+      return rttMs;
+    },
     close() {
       closing = true;
       client.end();

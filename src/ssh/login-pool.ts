@@ -1,4 +1,5 @@
 import type { Client } from 'ssh2';
+import { DEFAULT_MAX_WINDOW, pingMs, setChannelWindow, windowForRtt } from './channel-window.js';
 import { type LoginHop, type LoginHopLease, type LoginHops, sshLoginHop } from './login-hop.js';
 import { connectSsh, type ServerMessages, type SshTarget } from './ssh-connect.js';
 
@@ -33,6 +34,7 @@ export class LoginPool implements LoginHops {
     private readonly target: SshTarget,
     private readonly maxSessions: number,
     private readonly idleMs = 30_000,
+    private readonly maxChannelWindow = DEFAULT_MAX_WINDOW,
   ) {}
 
   async acquire(sessions: number): Promise<LoginLease> {
@@ -83,6 +85,14 @@ export class LoginPool implements LoginHops {
 
   private async open(): Promise<PooledLogin> {
     const { client, serverMessages } = await connectSsh(this.target);
+    // One round trip per login connection (they are pooled): the jump and exec channels made on it carry
+    // a carrier's whole stream, so their window must cover the path to the site (channel-window.ts).
+    try {
+      setChannelWindow(client, 2 * windowForRtt(await pingMs(client), this.maxChannelWindow));
+    } catch (err) {
+      client.end();
+      throw err;
+    }
     const login: PooledLogin = {
       client,
       serverMessages,

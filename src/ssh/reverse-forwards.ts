@@ -1,6 +1,7 @@
 import type { Socket } from 'node:net';
 import { type Duplex, pipeline } from 'node:stream';
 import type { AcceptConnection, Channel, Client, RejectConnection, UNIXConnectionDetails } from 'ssh2';
+import { setChannelWindow, type WindowGrant } from './channel-window.js';
 import { type EndpointDialer, EndpointRefusedError } from './endpoint-dial.js';
 import { SessionError } from './session-error.js';
 
@@ -20,6 +21,11 @@ export interface ForwardOptions {
   /** Dials the endpoints, checking each connection against the endpoint policy. */
   dialer: EndpointDialer;
   connectTimeoutMs?: number;
+  /**
+   * The receive window of each accepted connection, granted from the thread's budget and given back
+   * when the channel closes (channel-window.ts). Absent: ssh2's own (2 MiB).
+   */
+  window?: () => WindowGrant;
 }
 
 export interface ForwardLog {
@@ -56,28 +62,35 @@ export class ReverseForwards {
   }
 
   /**
-   * Binds every socket; the first refusal is a SessionError carrying the server's own reason. With
-   * `signal` aborted it binds nothing more (a pod being torn down gets no new socket).
+   * Binds every socket; the first refusal is a SessionError carrying the server's own reason. The
+   * requests go out together (one round trip for all, not one each: over a WAN that is 20-50 ms per
+   * forward); the sockets that were bound stay bound (cancel() unbinds them). With `signal` aborted it
+   * binds nothing (a pod being torn down gets no new socket).
    */
   async establish(signal?: AbortSignal): Promise<void> {
-    for (const path of this.byPath.keys()) {
-      if (this.bound.includes(path)) continue;
-      if (signal?.aborted) throw new SessionError('closed', 'closed while binding the forwards');
-      const before = this.serverMessages.length;
-      await new Promise<void>((resolve, reject) => {
-        this.client.openssh_forwardInStreamLocal(path, (err) => {
-          if (!err) return resolve();
-          // ssh2 only says "Unable to bind"; the server's debug message (when it sends one) says why.
-          const said = this.serverMessages.slice(before).join('; ');
-          reject(
-            new SessionError('forwarding-refused', `the node sshd refused to forward ${path}: ${said || err.message}`, {
-              cause: err,
-            }),
-          );
-        });
-      });
-      this.bound.push(path);
-    }
+    const paths = [...this.byPath.keys()].filter((path) => !this.bound.includes(path));
+    if (paths.length === 0) return;
+    if (signal?.aborted) throw new SessionError('closed', 'closed while binding the forwards');
+    const before = this.serverMessages.length;
+    const results = await Promise.allSettled(
+      paths.map(
+        (path) =>
+          new Promise<string>((resolve, reject) => {
+            this.client.openssh_forwardInStreamLocal(path, (err) => (err ? reject(err) : resolve(path)));
+          }),
+      ),
+    );
+    for (const r of results) if (r.status === 'fulfilled') this.bound.push(r.value);
+    const failed = results.findIndex((r) => r.status === 'rejected');
+    if (failed < 0) return;
+    const err = (results[failed] as PromiseRejectedResult).reason as Error;
+    // ssh2 only says "Unable to bind"; the server's debug message (when it sends one) says why.
+    const said = this.serverMessages.slice(before).join('; ');
+    throw new SessionError(
+      'forwarding-refused',
+      `the node sshd refused to forward ${paths[failed]}: ${said || err.message}`,
+      { cause: err },
+    );
   }
 
   /** Cancels the forwards and closes their connections; safe to call twice. */
@@ -99,6 +112,16 @@ export class ReverseForwards {
     );
   }
 
+  /** accept(), advertising the granted window (ssh2 reads the connection's channelWindow as it accepts). */
+  private acceptWithWindow(accept: AcceptConnection<Channel>): Channel {
+    if (!this.options.window) return accept();
+    const grant = this.options.window();
+    setChannelWindow(this.client, grant.window);
+    const channel = accept();
+    channel.once('close', grant.release);
+    return channel;
+  }
+
   private handle(info: UNIXConnectionDetails, accept: AcceptConnection<Channel>, reject: RejectConnection): void {
     const target = this.byPath.get(info.socketPath);
     if (!target) {
@@ -109,7 +132,7 @@ export class ReverseForwards {
     if ('socks' in target) {
       // The destination is known only once the SOCKS conversation names it: accept, then converse.
       this.stats.connections += 1;
-      target.socks.serve(accept());
+      target.socks.serve(this.acceptWithWindow(accept));
       return;
     }
     const socket = this.options.dialer.dial(target.dialHost, target.port);
@@ -131,7 +154,7 @@ export class ReverseForwards {
       socket.setTimeout(0);
       this.stats.connections += 1;
       this.open.add(socket);
-      const channel = accept();
+      const channel = this.acceptWithWindow(accept);
       const done = () => {
         // Count once, when the TCP side is gone.
         this.open.delete(socket);

@@ -4,11 +4,12 @@ import type { TunnelIsolation } from '../machines/pod-types.js';
 import {
   DEAD_JOB_DIR_REMOVED,
   PREPARE_DIR_MISSING,
+  parseForwardsUp,
   parseRelayIsolation,
   parseRelayReady,
   parseSocketInodes,
+  renderForwardsUp,
   renderPrepareSockets,
-  renderRelayReady,
   renderRemoveOwnSockets,
   renderSocketInodes,
   renderSocketWatch,
@@ -19,6 +20,7 @@ import type { SessionPlan } from '../render/session-plan.js';
 import { shellQuote } from '../render/shell-quote.js';
 import { SOCKS_SOCKET } from '../spec/derivations.js';
 import { type Carrier, type CarrierSite, openCarrier } from './carrier.js';
+import { threadWindowBudget, windowForRtt } from './channel-window.js';
 import { type DialRules, EndpointDialer } from './endpoint-dial.js';
 import type { LoginHopLease, LoginHops } from './login-hop.js';
 import { execCapture, openExec } from './remote-exec.js';
@@ -238,22 +240,27 @@ export class ShadowSession {
       ],
       serverMessages,
       this.opts.log,
-      { dialer },
+      {
+        dialer,
+        // Sized to the path once its round trip is known (the first forwards of a carrier may come before).
+        window: () =>
+          threadWindowBudget(this.opts.site.channelWindowBudget).grant(
+            windowForRtt(carrier.rttMs ?? 0, this.opts.site.channelWindowMax),
+          ),
+      },
     );
     this.forwardStats = this.forwards.stats;
     await this.checkFence();
     try {
       await this.forwards.establish(this.abort.signal);
     } catch (err) {
+      // Whatever got bound is this session's, also when a later bind failed: note it to remove it.
+      await this.recordOwnSockets(carrier, this.forwards.boundPaths);
       const ended = isSessionError(err, 'forwarding-refused') ? await this.endedMeanwhile(carrier) : undefined;
       if (ended) return ended;
       throw err;
-    } finally {
-      // Whatever got bound is this session's, also when a later bind failed: note it to remove it.
-      await this.recordOwnSockets(carrier, this.forwards.boundPaths);
     }
-    await this.checkpoint();
-    const relay = await this.relayReady(client);
+    const relay = await this.forwardsUp(carrier, this.forwards.boundPaths);
     await this.checkpoint();
     this.report({
       type: 'FORWARDS_READY',
@@ -432,20 +439,28 @@ export class ShadowSession {
   }
 
   /**
-   * The addresses the job's relay holds (its ready file): the derived ones unless one was taken on the
-   * node. For `status`; undefined when unreadable (an older prelude, a slow node), which fails nothing.
+   * Once the forwards are bound, one exec: notes the inode of every socket this session bound (for its
+   * teardown to remove exactly those) and reads the addresses the job's relay holds (its ready file: the
+   * derived ones unless one was taken on the node) and its isolation. The relay part is undefined when
+   * unreadable (an older prelude, a slow node), which fails nothing.
    */
-  private async relayReady(
-    client: Client,
+  private async forwardsUp(
+    carrier: Carrier,
+    paths: readonly string[],
   ): Promise<{ addresses: string[] | undefined; isolation: TunnelIsolation | undefined } | undefined> {
+    const { plan } = this.opts;
     // A SOCKS-only pod has no relay: nothing to wait for.
-    if (this.opts.plan.forwards.length === 0) return undefined;
-    const result = await execCapture(client, '/bin/sh -s', {
-      stdin: renderRelayReady(this.opts.plan.socketDir),
+    const relayDir = plan.forwards.length === 0 ? undefined : plan.socketDir;
+    if (paths.length === 0 && relayDir === undefined) return undefined;
+    const result = await execCapture(carrier.client, '/bin/sh -s', {
+      stdin: renderForwardsUp(paths, relayDir),
       timeoutMs: 10_000,
     }).catch(() => undefined);
-    if (result?.code !== 0) return undefined;
-    return { addresses: parseRelayReady(result.stdout), isolation: parseRelayIsolation(result.stdout) };
+    if (!result) return undefined;
+    const { inodes, relay } = parseForwardsUp(result.stdout, paths);
+    for (const [path, inode] of inodes) this.owned.set(path, inode);
+    if (result.code !== 0 || relay === undefined) return undefined;
+    return { addresses: parseRelayReady(relay), isolation: parseRelayIsolation(relay) };
   }
 
   /** Notes the inode of every socket this session bound, for its teardown to remove exactly those. */

@@ -5,6 +5,8 @@ import { type KnownHostEntry, parseKnownHosts, verifyHostKey } from './known-hos
 import { LoginPool } from './login-pool.js';
 import type { SshTarget } from './ssh-connect.js';
 
+const MiB = 1024 * 1024;
+
 /**
  * What reaching one site takes, as plain data: it crosses to tunnel threads (structured clone turns
  * Buffers into Uint8Arrays; `accessFromData` turns them back).
@@ -68,6 +70,8 @@ export async function openSiteAccess(config: SiteConfig): Promise<SiteAccess> {
       nodeSshPort: ssh.Reverse.NodeSshPort,
       keepaliveIntervalMs,
       readyTimeoutMs: ssh.ConnectTimeout,
+      channelWindowMax: config.Backhaul.ChannelWindowMaxMiB * MiB,
+      channelWindowBudget: config.Backhaul.ChannelWindowBudgetMiB * MiB,
     },
   });
 }
@@ -87,5 +91,6 @@ export function accessFromData(data: SiteAccessData): SiteAccess {
     verifyHostKey: (key) =>
       data.acceptAnyLoginKey ? { ok: true } : verifyHostKey(carrier.knownHosts, host, port, key),
   };
-  return { login, pool: new LoginPool(login, data.loginMaxSessions), carrier, data: { ...data, carrier } };
+  const pool = new LoginPool(login, data.loginMaxSessions, undefined, carrier.channelWindowMax);
+  return { login, pool, carrier, data: { ...data, carrier } };
 }

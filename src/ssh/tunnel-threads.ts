@@ -198,7 +198,10 @@ class TunnelThread {
       case 'slot': {
         const held = this.held.get(request.shadow);
         const acquire = held?.opts.carrierSlot;
-        if (!held || !acquire) return this.reply(call, Promise.resolve(null));
+        if (!held || !acquire) {
+          this.reply(call, Promise.resolve(null));
+          return;
+        }
         const taken = acquire(request.namespace, held.slot.signal).then((release) => {
           // Given back when the shadow ends (finish), or at once if it ended while waiting.
           if (held.done) release();
@@ -316,7 +319,13 @@ export class TunnelThreads {
   startShadow(opts: ShadowSessionOptions): Shadow {
     if (this.closed) throw new Error('tunnel threads are closed');
     const thread = this.threads.reduce((a, b) => (b.held.size < a.held.size ? b : a));
-    return thread.start(`s${this.nextId++}`, opts);
+    // The window budget is the session host's; each thread holds its share (channel-window.ts).
+    const budget = opts.site.channelWindowBudget;
+    const site =
+      budget === undefined
+        ? opts.site
+        : { ...opts.site, channelWindowBudget: Math.floor(budget / this.threads.length) };
+    return thread.start(`s${this.nextId++}`, { ...opts, site });
   }
 
   /**

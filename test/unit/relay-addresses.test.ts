@@ -5,7 +5,13 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatAddresses } from '../../src/cli/status-format.js';
-import { parseRelayReady, renderRelayReady } from '../../src/render/node-scripts.js';
+import {
+  parseForwardsUp,
+  parseRelayIsolation,
+  parseRelayReady,
+  renderForwardsUp,
+  renderRelayReady,
+} from '../../src/render/node-scripts.js';
 import { bindAddress } from '../../src/spec/derivations.js';
 
 const run = promisify(execFile);
@@ -36,6 +42,30 @@ describe("the relay's addresses, read from its ready file on the node", () => {
     expect(code).toBe(0);
     expect(parseRelayReady(stdout)).toEqual(['127.9.8.7', '127.200.1.2']);
     await run('/bin/sh', ['-n', '-c', renderRelayReady(dir)]);
+  });
+
+  it("renderForwardsUp reads the bound sockets' inodes and the relay's lines in one script", async () => {
+    const { createServer } = await import('node:net');
+    const socket = join(dir, '5432.sock');
+    const server = createServer();
+    await new Promise<void>((resolve) => server.listen(socket, resolve));
+    try {
+      await writeFile(join(dir, 'relay.ready'), 'ready 127.9.8.7\nisolation relay=job sockets=user via=process-tree\n');
+      const missing = join(dir, '6379.sock');
+      const { code, stdout } = await sh(renderForwardsUp([socket, missing], dir));
+      expect(code, stdout).toBe(0);
+      const { inodes, relay } = parseForwardsUp(stdout, [socket, missing]);
+      const { stdout: ls } = await run('ls', ['-di', '--', socket]);
+      expect([...inodes]).toEqual([[socket, ls.trim().split(' ')[0]]]);
+      expect(parseRelayReady(relay ?? '')).toEqual(['127.9.8.7']);
+      expect(parseRelayIsolation(relay ?? '')).toEqual({ relay: 'job', sockets: 'user' });
+      // A SOCKS-only pod has no relay to wait for: the inodes alone.
+      const alone = await sh(renderForwardsUp([socket], undefined));
+      expect(parseForwardsUp(alone.stdout, [socket]).relay).toBeUndefined();
+      expect(parseForwardsUp(alone.stdout, [socket]).inodes.size).toBe(1);
+    } finally {
+      server.close();
+    }
   });
 
   it('prints nothing, and exits 0, when the relay has not written it (an older prelude)', async () => {

@@ -8,6 +8,7 @@ import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { carrierCommands } from '../../src/render/carrier-command.js';
 import {
+  renderForwardsUp,
   renderPrepareSockets,
   renderRelayReady,
   renderRemoveDeadJobDir,
@@ -119,6 +120,7 @@ function allScripts(): Script[] {
   add('relay-ready', `#!/bin/sh\n${renderRelayReady(dir)}`);
   add('prepare-sockets', `#!/bin/sh\n${renderPrepareSockets(dir, sockets)}`);
   add('socket-inodes', `#!/bin/sh\n${renderSocketInodes(sockets)}`);
+  add('forwards-up', `#!/bin/sh\n${renderForwardsUp(sockets, dir)}`);
   add('socket-watch', `#!/bin/sh\n${renderSocketWatch(dir, sockets, 3)}`);
   add(
     'remove-own-sockets',

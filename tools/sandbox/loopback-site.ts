@@ -38,6 +38,13 @@ export interface LoopbackSiteOptions {
   /** Extra sshd_config lines for the login / node sshd (see startSshd's `extra`). */
   loginExtra?: string[];
   nodeExtra?: string[];
+  /** LogLevel of both sshds (see startSshd's `logLevel`). */
+  logLevel?: 'VERBOSE' | 'DEBUG1';
+  /**
+   * Both sshds in this network namespace (bench:wan: the site on the far side of an emulated WAN), on
+   * fixed ports: the login sshd on `loginListen`, the node sshd on the namespace's 127.0.0.1.
+   */
+  netns?: { name: string; loginListen: string; loginPort: number; nodePort: number };
 }
 
 /** The site configuration as data (before defaults), matching src/spec/site-config.ts. */
@@ -132,16 +139,21 @@ export async function startLoopbackSite(options: LoopbackSiteOptions = {}): Prom
   const started: SshdInstance[] = [];
   try {
     const authorizedKeys = [{ user: user.name, keys: [clientKey.publicKey] }];
+    const ns = options.netns;
+    const loginHost = ns?.loginListen ?? '127.0.0.1';
+    const placed = (port: number | undefined) => (ns ? { netns: ns.name, port } : {});
     const nodeTcp: TcpForwarding = nodeForwarding === 'allowed' ? 'remote' : 'no';
     const [login, node] = await Promise.all([
       startSshd({
         name: 'login',
-        listen: '127.0.0.1',
+        listen: loginHost,
+        ...placed(ns?.loginPort),
         // The login node passes carriers on with direct-tcpip (`ssh -J`, ssh2 forwardOut): local only.
         allowStreamLocal: false,
         allowTcpForwarding: 'local',
         authorizedKeys,
         extra: options.loginExtra ?? [],
+        logLevel: options.logLevel,
       }).then((s) => {
         started.push(s);
         return s;
@@ -149,10 +161,12 @@ export async function startLoopbackSite(options: LoopbackSiteOptions = {}): Prom
       startSshd({
         name: nodeForwarding === 'allowed' ? 'node' : 'node-refusing',
         listen: '127.0.0.1',
+        ...placed(ns?.nodePort),
         allowStreamLocal: nodeForwarding === 'allowed',
         allowTcpForwarding: nodeTcp,
         authorizedKeys,
         extra: options.nodeExtra ?? [],
+        logLevel: options.logLevel,
       }).then((s) => {
         started.push(s);
         return s;
@@ -162,7 +176,7 @@ export async function startLoopbackSite(options: LoopbackSiteOptions = {}): Prom
     const knownHostsPath = path.join(dir, 'known_hosts');
     await knownHostsFile(
       [
-        { host: '127.0.0.1', port: login.port, key: login.hostKeyPub },
+        { host: loginHost, port: login.port, key: login.hostKeyPub },
         { host: SLURM_NODE, port: node.port, key: node.hostKeyPub },
       ],
       knownHostsPath,
@@ -173,7 +187,7 @@ export async function startLoopbackSite(options: LoopbackSiteOptions = {}): Prom
       sshConfigPath,
       [
         `Host ${LOGIN_ALIAS}`,
-        '  HostName 127.0.0.1',
+        `  HostName ${loginHost}`,
         `  Port ${login.port}`,
         `Host ${SLURM_NODE}`,
         `  Port ${node.port}`,
@@ -198,7 +212,7 @@ export async function startLoopbackSite(options: LoopbackSiteOptions = {}): Prom
     const siteConfig: LoopbackSiteConfig = {
       Network: {
         SSH: {
-          LoginHost: '127.0.0.1',
+          LoginHost: loginHost,
           Port: login.port,
           User: user.name,
           KeyFile: clientKey.privateKeyPath,
@@ -212,12 +226,12 @@ export async function startLoopbackSite(options: LoopbackSiteOptions = {}): Prom
     const siteConfigPath = path.join(dir, 'site.yaml');
     await fsp.writeFile(siteConfigPath, siteConfigYaml, { mode: 0o644 });
 
-    const jumpSpec = `${user.name}@127.0.0.1:${login.port}`;
+    const jumpSpec = `${user.name}@${loginHost}:${login.port}`;
     let stopping: Promise<void> | undefined;
     return {
       user,
       nodeForwarding,
-      loginHost: '127.0.0.1',
+      loginHost,
       loginPort: login.port,
       nodeHost: SLURM_NODE,
       nodePort: node.port,

@@ -51,6 +51,13 @@ export interface SshdOptions {
   extra?: string[];
   /** How long to wait for "Server listening" (ms). */
   startTimeoutMs?: number;
+  /**
+   * A network namespace (`ip netns` name) to run the sshd in (bench:wan's site side). Its ports cannot
+   * be probed from here: give `port`.
+   */
+  netns?: string;
+  /** sshd's LogLevel (VERBOSE unless told; DEBUG1 logs every global request, keepalives included). */
+  logLevel?: 'VERBOSE' | 'DEBUG1';
 }
 
 export interface SshdInstance {
@@ -212,7 +219,7 @@ function renderConfig(o: SshdOptions, dir: string, listen: string, port: number)
     'LoginGraceTime 30',
     'ClientAliveInterval 2',
     'ClientAliveCountMax 2',
-    'LogLevel VERBOSE',
+    `LogLevel ${o.logLevel ?? 'VERBOSE'}`,
     'PrintMotd no',
     'PrintLastLog no',
     'UseDNS no',
@@ -239,6 +246,9 @@ export async function startSshd(options: SshdOptions): Promise<SshdInstance> {
   if (process.getuid?.() !== 0) throw new Error('startSshd needs root (it plays a system sshd)');
   await ensureRunRoot();
   const listen = options.listen ?? '127.0.0.1';
+  if (options.netns !== undefined && options.port === undefined) {
+    throw new Error(`sshd ${options.name}: a port is needed in network namespace ${options.netns}`);
+  }
   const dir = await fsp.mkdtemp(path.join(RUN_ROOT, `sshd-${options.name}-`));
   try {
     await fsp.chmod(dir, 0o755); // the job user must traverse it to read its authorized_keys
@@ -256,7 +266,7 @@ export async function startSshd(options: SshdOptions): Promise<SshdInstance> {
       await fsp.writeFile(configPath, renderConfig(options, dir, listen, port), { mode: 0o644 });
       await fsp.writeFile(logPath, '', { mode: 0o644 });
       try {
-        const child = await launch(configPath, logPath, port, options.startTimeoutMs ?? 10_000);
+        const child = await launch(configPath, logPath, port, options.startTimeoutMs ?? 10_000, options.netns);
         return makeInstance(options.name, listen, port, hostKeyPub, dir, configPath, logPath, child);
       } catch (error) {
         lastError = error as Error;
@@ -270,13 +280,20 @@ export async function startSshd(options: SshdOptions): Promise<SshdInstance> {
   }
 }
 
-async function launch(configPath: string, logPath: string, port: number, timeoutMs: number): Promise<ChildProcess> {
+async function launch(
+  configPath: string,
+  logPath: string,
+  port: number,
+  timeoutMs: number,
+  netns?: string,
+): Promise<ChildProcess> {
   const log = fs.openSync(logPath, 'a');
   let child: ChildProcess;
   try {
-    child = spawn('setpriv', ['--pdeathsig', 'KILL', '--', SSHD_PATH, '-D', '-e', '-f', configPath], {
-      stdio: ['ignore', log, log],
-    });
+    // `ip netns exec` enters the namespace and execs setpriv, which execs sshd: one pid all along.
+    const argv = ['setpriv', '--pdeathsig', 'KILL', '--', SSHD_PATH, '-D', '-e', '-f', configPath];
+    const [command = 'setpriv', ...args] = netns === undefined ? argv : ['ip', 'netns', 'exec', netns, ...argv];
+    child = spawn(command, args, { stdio: ['ignore', log, log] });
   } finally {
     fs.closeSync(log);
   }
