@@ -124,18 +124,20 @@ async function runScenario(scenario: Scenario): Promise<ScenarioResult> {
   let inner: ChildProcess | undefined;
   const dir = await mkdtemp(join(tmpdir(), 'bh-wan-'));
   const bridges: Child[] = [];
-  const stop = async () => {
+  let stopped: Promise<Awaited<ReturnType<Wan['close']>>> | undefined;
+  const stop = () => {
+    stopped ??= stopNow();
+    return stopped;
+  };
+  const stopNow = async () => {
     inner?.kill('SIGKILL');
     await Promise.all(bridges.map((b) => b.stop()));
     const counters = await wan.close();
     await rm(dir, { recursive: true, force: true });
     return counters;
   };
-  const interrupted = () => {
-    void stop().finally(() => process.exit(130));
-  };
-  process.once('SIGINT', interrupted);
-  process.once('SIGTERM', interrupted);
+  // On SIGINT/SIGTERM the harness runs its cleanups before it exits: this one among them.
+  onCleanup(`WAN ${wan.cluster}`, stop);
   try {
     say(`WAN ${scenario.rttMs} ms RTT, loss ${scenario.loss}: ping says ${wan.measuredRttMs.toFixed(2)} ms`);
     bridges.push(...bridgeSlurmctld(wan.cluster, dir), ...bridgeSlurmctld(wan.site, dir));
@@ -175,8 +177,6 @@ async function runScenario(scenario: Scenario): Promise<ScenarioResult> {
     say(`delayer: ${JSON.stringify(counters)}`);
     return { ...result, delayer: counters };
   } finally {
-    process.off('SIGINT', interrupted);
-    process.off('SIGTERM', interrupted);
     await stop();
   }
 }
