@@ -87,6 +87,18 @@ interface PathDef {
   endpoints: Endpoints;
   /** The processes of this path whose CPU is counted per request (the sshds and the server are added). */
   groups: CpuGroups;
+  /**
+   * Clients of this path run as a step of this job (`srun --overlap`): the relay of a pod admits only
+   * the processes of its job.
+   */
+  job?: { jobId: string; node: string };
+}
+
+/** COMMAND ARGS as the path's clients run it: in the pod's job where the path is its relay. */
+function client(path: PathDef, command: string, args: readonly string[]): [string, string[]] {
+  if (!path.job) return [command, [...args]];
+  const { jobId, node } = path.job;
+  return ['srun', ['-u', '--overlap', `--jobid=${jobId}`, '-w', node, '-N1', '-n1', command, ...args]];
 }
 
 /** One measurement: the headline figure and what else the client said. */
@@ -198,8 +210,7 @@ async function pingPong(user: TestUser, path: PathDef, kind: 'seq' | 'conc8' | '
         : ['--conns', kind === 'conc8' ? '8' : '32', '--seconds', String(CONC_SECONDS), '--warmup', '20'];
   const out = await mustRun(
     'client',
-    PYTHON,
-    [PEER, 'client', ...where(path.endpoints.echo), '--size', '64', ...args],
+    ...client(path, PYTHON, [PEER, 'client', ...where(path.endpoints.echo), '--size', '64', ...args]),
     user,
   );
   const r = JSON.parse(out.trim().split('\n').pop() ?? '{}') as {
@@ -216,8 +227,7 @@ async function pgbench(user: TestUser, path: PathDef): Promise<Figures> {
   if ('unix' in ep) throw new Error('pgbench runs through TCP paths only');
   const out = await mustRun(
     'pgbench',
-    'pgbench',
-    [
+    ...client(path, 'pgbench', [
       '-S',
       '-n',
       '-c',
@@ -233,7 +243,7 @@ async function pgbench(user: TestUser, path: PathDef): Promise<Figures> {
       '-U',
       'postgres',
       'bench',
-    ],
+    ]),
     user,
   );
   const tps = /tps = ([\d.]+) \(without initial connection time\)/.exec(out);
@@ -249,8 +259,19 @@ async function redisBenchmark(user: TestUser, path: PathDef): Promise<Figures> {
   if ('unix' in ep) throw new Error('redis-benchmark runs through TCP paths only');
   const out = await mustRun(
     'redis-benchmark',
-    'redis-benchmark',
-    ['-h', ep.host, '-p', String(ep.port), '-c', '20', '-n', String(REDIS_REQUESTS), '-t', 'ping,set,get', '--csv'],
+    ...client(path, 'redis-benchmark', [
+      '-h',
+      ep.host,
+      '-p',
+      String(ep.port),
+      '-c',
+      '20',
+      '-n',
+      String(REDIS_REQUESTS),
+      '-t',
+      'ping,set,get',
+      '--csv',
+    ]),
     user,
   );
   // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
@@ -392,6 +413,7 @@ async function main(): Promise<void> {
         label: `${name} + relay`,
         endpoints: tcp(tunnel.address, (s) => tunnel.ports[at(s)] ?? 0),
         groups: { ...ours, relay: () => relayOf(user.uid, tunnel.uid) },
+        job: { jobId: tunnel.jobId, node: tunnel.node },
       });
     }
   };

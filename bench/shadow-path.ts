@@ -77,6 +77,8 @@ export interface ShadowTunnel {
   ports: number[];
   /** The pod's job, and when (performance.now()) it was submitted, its node was known and its forwards were up. */
   jobId: string;
+  /** The node the job runs on (where a client of the relay must run, as a step of the job). */
+  node: string;
   times: { submitted: number; batchHost: number; forwardsReady: number };
 }
 
@@ -95,6 +97,7 @@ export async function openShadowTunnel(
   const submitted = performance.now();
   const jobId = await sbatch(host.site.user, jobScript(h, plan, 'sleep 7200\n'), { jobName: podUid });
   let batchHost = Number.NaN;
+  let node = '';
   let forwardsUp = Number.NaN;
   onCleanup(`job ${jobId}`, () => scancel(jobId));
   const phases: ShadowPhase[] = [];
@@ -112,7 +115,10 @@ export async function openShadowTunnel(
     dialRules: dialRulesOf(host.config),
     onPhase: (phase) => {
       phases.push(phase);
-      if (phase.type === 'BATCH_HOST') batchHost = performance.now();
+      if (phase.type === 'BATCH_HOST') {
+        batchHost = performance.now();
+        node = phase.batchHost;
+      }
       if (phase.type === 'FORWARDS_READY') {
         forwardsUp = performance.now();
         ready();
@@ -139,6 +145,7 @@ export async function openShadowTunnel(
     address: plan.bindAddress,
     ports: plan.forwards.map((f) => f.listenPort),
     jobId,
+    node,
     times: { submitted, batchHost, forwardsReady: forwardsUp },
   };
 }

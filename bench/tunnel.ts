@@ -131,8 +131,21 @@ interface PeerResult {
   cpu?: number;
 }
 
-async function runPeer(user: TestUser, args: string[], bytes: number): Promise<PeerResult> {
-  const child = start('client', PYTHON, [PEER, ...args], user);
+/** Where a client runs as a step of a pod's job (`srun --overlap`): a pod's relay admits only its job. */
+interface InJob {
+  jobId: string;
+  node: string;
+}
+
+async function runPeer(user: TestUser, args: string[], bytes: number, job?: InJob): Promise<PeerResult> {
+  const child = job
+    ? start(
+        'client',
+        'srun',
+        ['-u', '--overlap', `--jobid=${job.jobId}`, '-w', job.node, '-N1', '-n1', PYTHON, PEER, ...args],
+        user,
+      )
+    : start('client', PYTHON, [PEER, ...args], user);
   let ended: { code: number | null; signal: NodeJS.Signals | null };
   try {
     ended = await withTimeout(child.exited, timeoutFor(bytes), 'client');
@@ -155,12 +168,14 @@ async function transfer(
   dir: Direction,
   bytes: number,
   id: string,
+  job?: InJob,
 ) {
   const where = 'unix' in target ? ['--unix', target.unix] : ['--tcp', target.tcp];
   const r = await runPeer(
     user,
     ['client', ...where, '--mode', dir, '--bytes', String(bytes), '--block', blockPath, '--id', id],
     bytes,
+    job,
   );
   if (r.bytes !== bytes) throw new Error(`${id}: ${r.bytes} bytes arrived, ${bytes} sent`);
   if (dir === 'up' && r.sha256 !== expectedSha(bytes)) throw new Error(`${id}: sha256 mismatch`);
@@ -198,6 +213,7 @@ function socketRows(
   label: string,
   target: { unix: string } | { tcp: string },
   groups: CpuGroups,
+  job?: InJob,
 ): Row[] {
   return DIRECTIONS.map((dir) => ({
     key,
@@ -205,7 +221,7 @@ function socketRows(
     dir,
     bytes: BYTES,
     groups: { ...common(ctx), ...groups },
-    measure: (bytes, id) => transfer(ctx.user, target, dir, bytes, id),
+    measure: (bytes, id) => transfer(ctx.user, target, dir, bytes, id, job),
   }));
 }
 
@@ -278,7 +294,8 @@ async function pathC1(ctx: Context): Promise<Row[]> {
 async function pathD(ctx: Context): Promise<Row[]> {
   const host = await threadedHost(ctx);
   ctx.tunnel ??= await openShadowTunnel(host, [ctx.sinkPort]);
-  const { address, ports } = ctx.tunnel;
+  const { address, ports, jobId, node } = ctx.tunnel;
+  // The client is a step of the pod's job: its relay admits no other process.
   return socketRows(
     ctx,
     'd',
@@ -287,6 +304,7 @@ async function pathD(ctx: Context): Promise<Row[]> {
     {
       relay: () => relayOf(ctx.user.uid, ctx.tunnel?.uid ?? ''),
     },
+    { jobId, node },
   );
 }
 

@@ -3,7 +3,7 @@ import ssh2, { type Client } from 'ssh2';
 import { type BatchJob, carrierCommands } from '../render/carrier-command.js';
 import { BOOTSTRAP_EXIT, HOSTKEY_PREFIX, renderBootstrap } from '../render/userspace-sshd.js';
 import type { CarrierMode } from '../spec/carrier-mode.js';
-import { pingMs } from './channel-window.js';
+import { RttEstimate, sampleRtt } from './channel-window.js';
 import { type KnownHostEntry, verifyHostKey } from './known-hosts.js';
 import { type LoginHop, sshLoginHop } from './login-hop.js';
 import { SessionError } from './session-error.js';
@@ -120,13 +120,9 @@ export async function openCarrier(login: LoginHop, site: CarrierSite, req: Carri
 
 function carrier(mode: CarrierMode, client: Client, serverMessages: ServerMessages, hops: Client[]): Carrier {
   let closing = false;
-  let rttMs: number | undefined;
-  pingMs(client).then(
-    (ms) => {
-      rttMs = ms;
-    },
-    () => undefined, // the connection went away: `lost` says so
-  );
+  // Sampled a few times (channel-window.ts): the first ping of a carrier waits behind its own set-up.
+  const rtt = new RttEstimate();
+  const stopSampling = sampleRtt(client, rtt);
   const lost = new Promise<string>((resolve) => {
     // `on`, not `once`: ssh2 may emit a second error (e.g. a keepalive timeout after a reset).
     client.on('error', (err: Error) => resolve(closing ? 'closed' : err.message));
@@ -139,10 +135,11 @@ function carrier(mode: CarrierMode, client: Client, serverMessages: ServerMessag
     serverMessages,
     lost,
     get rttMs() {
-      return rttMs;
+      return rtt.ms;
     },
     close() {
       closing = true;
+      stopSampling();
       client.end();
       for (const hop of hops) hop.end();
     },

@@ -46,6 +46,65 @@ export function pingMs(client: Client): Promise<number> {
   });
 }
 
+/**
+ * When a connection's round trip is sampled, in ms from the first sample: a few early ones (the first
+ * of a new connection waits behind its own set-up: forward requests, exec channels, a busy machine; on
+ * loopback it read 10-64 ms where the path takes 0.1), then two later ones. Keepalives do the rest.
+ */
+export const RTT_SAMPLES_MS: readonly number[] = [0, 250, 1_000, 5_000, 30_000];
+
+/**
+ * A path's round trip as the smallest sample seen: queueing only adds to a sample, so the smallest is
+ * the path (as TCP's min_rtt). Windows sized from a high sample cost more than memory: a site sshd
+ * holding megabytes in its channel buffers spent twice the CPU per byte on loopback.
+ */
+export class RttEstimate {
+  private min: number | undefined;
+
+  /** The smallest sample so far, undefined before the first. */
+  get ms(): number | undefined {
+    return this.min;
+  }
+
+  /** True when SAMPLE lowered the estimate. */
+  sample(ms: number): boolean {
+    if (!(Number.isFinite(ms) && ms >= 0)) return false;
+    if (this.min !== undefined && ms >= this.min) return false;
+    this.min = ms;
+    return true;
+  }
+}
+
+/**
+ * Pings CLIENT at each of AT_MS (from now) into ESTIMATE, calling ONLOWER when a sample lowers it. Stops at
+ * the first failed ping (the connection is gone) or when the returned function is called. Its timers do not
+ * keep the process alive.
+ */
+export function sampleRtt(
+  client: Client,
+  estimate: RttEstimate,
+  onLower: (ms: number) => void = () => undefined,
+  atMs: readonly number[] = RTT_SAMPLES_MS,
+): () => void {
+  const timers: NodeJS.Timeout[] = [];
+  let stopped = false;
+  const stop = () => {
+    stopped = true;
+    for (const t of timers) clearTimeout(t);
+  };
+  for (const at of atMs) {
+    const timer = setTimeout(() => {
+      if (stopped) return;
+      pingMs(client).then((ms) => {
+        if (!stopped && estimate.sample(ms)) onLower(ms);
+      }, stop);
+    }, at);
+    timer.unref();
+    timers.push(timer);
+  }
+  return stop;
+}
+
 /** Channels the connection makes or accepts from now on advertise WINDOW bytes (ssh2's own is BASE_WINDOW). */
 export function setChannelWindow(client: Client, window: number): void {
   patched(client).channelWindow = window;

@@ -1,5 +1,13 @@
 import type { Client } from 'ssh2';
-import { DEFAULT_MAX_WINDOW, pingMs, setChannelWindow, windowForRtt } from './channel-window.js';
+import {
+  DEFAULT_MAX_WINDOW,
+  pingMs,
+  RTT_SAMPLES_MS,
+  RttEstimate,
+  sampleRtt,
+  setChannelWindow,
+  windowForRtt,
+} from './channel-window.js';
 import { type LoginHop, type LoginHopLease, type LoginHops, sshLoginHop } from './login-hop.js';
 import { connectSsh, type ServerMessages, type SshTarget } from './ssh-connect.js';
 
@@ -87,8 +95,14 @@ export class LoginPool implements LoginHops {
     const { client, serverMessages } = await connectSsh(this.target);
     // One round trip per login connection (they are pooled): the jump and exec channels made on it carry
     // a carrier's whole stream, so their window must cover the path to the site (channel-window.ts).
+    // Later samples lower it for the channels made after them (the first one waits behind the login's set-up).
+    const rtt = new RttEstimate();
+    const size = (ms: number) => setChannelWindow(client, 2 * windowForRtt(ms, this.maxChannelWindow));
     try {
-      setChannelWindow(client, 2 * windowForRtt(await pingMs(client), this.maxChannelWindow));
+      const first = await pingMs(client);
+      rtt.sample(first);
+      size(first);
+      sampleRtt(client, rtt, size, RTT_SAMPLES_MS.slice(1));
     } catch (err) {
       client.end();
       throw err;

@@ -5,6 +5,8 @@ import {
   BASE_WINDOW,
   channelWindowOf,
   DEFAULT_MAX_WINDOW,
+  RttEstimate,
+  sampleRtt,
   setChannelWindow,
   WindowBudget,
   windowForRtt,
@@ -93,5 +95,59 @@ describe("ssh2's window patch", () => {
     const big = 16 * MiB;
     expect(needs({ incoming: { window: big - 2 * MiB + 1, windowMax: big } })).toBe(false);
     expect(needs({ incoming: { window: big - 2 * MiB, windowMax: big } })).toBe(true);
+  });
+});
+
+describe('RttEstimate and sampleRtt', () => {
+  it('keep the smallest sample: a ping queued behind set-up says more than the path', () => {
+    const rtt = new RttEstimate();
+    expect(rtt.ms).toBeUndefined();
+    expect(rtt.sample(64)).toBe(true);
+    expect(rtt.sample(80)).toBe(false);
+    expect(rtt.sample(0.2)).toBe(true);
+    expect(rtt.sample(Number.NaN)).toBe(false);
+    expect(rtt.sample(-1)).toBe(false);
+    expect(rtt.ms).toBe(0.2);
+    expect(windowForRtt(rtt.ms ?? 0)).toBe(BASE_WINDOW);
+  });
+
+  /** A connection whose Nth keepalive is answered after DELAYS[N] ms (or fails with 'gone'). */
+  function answering(delays: (number | 'gone')[]) {
+    let n = 0;
+    const client = {
+      ping(cb: (err?: Error) => void) {
+        const d = delays[n++];
+        if (d === 'gone') setTimeout(() => cb(new Error('Not connected')), 0);
+        else setTimeout(() => cb(), d);
+      },
+      get pings() {
+        return n;
+      },
+    };
+    return client;
+  }
+
+  it('pings at each time given, lowers the estimate as samples come in, and tells each time it fell', async () => {
+    const client = answering([60, 80, 2]);
+    const rtt = new RttEstimate();
+    const lowered: number[] = [];
+    sampleRtt(client as unknown as Client, rtt, (ms) => lowered.push(ms), [0, 100, 200]);
+    await new Promise((r) => setTimeout(r, 300));
+    expect(client.pings).toBe(3);
+    expect(lowered.length, `lowered at ${lowered.join(', ')}`).toBe(2);
+    expect(rtt.ms, `lowered at ${lowered.join(', ')}`).toBeLessThan(40);
+  });
+
+  it('stops at the first failed ping and when told to', async () => {
+    const failing = answering(['gone', 1, 1]);
+    sampleRtt(failing as unknown as Client, new RttEstimate(), undefined, [0, 50, 100]);
+    await new Promise((r) => setTimeout(r, 150));
+    expect(failing.pings).toBe(1);
+    const stopped = answering([1, 1, 1]);
+    const stop = sampleRtt(stopped as unknown as Client, new RttEstimate(), undefined, [0, 50, 100]);
+    await new Promise((r) => setTimeout(r, 25));
+    stop();
+    await new Promise((r) => setTimeout(r, 125));
+    expect(stopped.pings).toBe(1);
   });
 });

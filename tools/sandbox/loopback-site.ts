@@ -39,7 +39,7 @@ export interface LoopbackSiteOptions {
   loginExtra?: string[];
   nodeExtra?: string[];
   /** LogLevel of both sshds (see startSshd's `logLevel`). */
-  logLevel?: 'VERBOSE' | 'DEBUG1';
+  logLevel?: 'VERBOSE' | 'DEBUG1' | 'DEBUG2';
   /**
    * Both sshds in this network namespace (bench:wan: the site on the far side of an emulated WAN), on
    * fixed ports: the login sshd on `loginListen`, the node sshd on the namespace's 127.0.0.1.

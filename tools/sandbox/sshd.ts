@@ -56,8 +56,8 @@ export interface SshdOptions {
    * be probed from here: give `port`.
    */
   netns?: string;
-  /** sshd's LogLevel (VERBOSE unless told; DEBUG1 logs every global request, keepalives included). */
-  logLevel?: 'VERBOSE' | 'DEBUG1';
+  /** sshd's LogLevel (VERBOSE unless told; DEBUG1 logs every global request and channel open, DEBUG2 the window a peer confirms). */
+  logLevel?: 'VERBOSE' | 'DEBUG1' | 'DEBUG2';
 }
 
 export interface SshdInstance {
