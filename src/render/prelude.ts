@@ -242,7 +242,9 @@ function cleanupTrap(): string[] {
     '    kill "$bh_relay_pid" 2>/dev/null || :',
     '  fi',
     '  if [ -d "$bh_dir" ] && [ ! -L "$bh_dir" ] && [ -O "$bh_dir" ]; then',
-    '    rm -rf -- "$bh_dir"',
+    // The relay's relaying process, finding its holder gone (a TERM storm can kill the holder before
+    // it stops its child), writes relay.pids once: an rm that raced with that write is run again.
+    '    rm -rf -- "$bh_dir" 2>/dev/null || { sleep 1; rm -rf -- "$bh_dir"; }',
     '  fi',
     '}',
     'trap bh_cleanup EXIT',
