@@ -53,7 +53,7 @@ import {
   treeOf,
   withTimeout,
 } from './harness.js';
-import { openShadowTunnel, relayOf, startShadowHost } from './shadow-path.js';
+import { openShadowTunnel, relayOf, srunInJob, startShadowHost } from './shadow-path.js';
 import { type Forward, openSshReverse, PINNED_CIPHER, startRelay } from './site-paths.js';
 
 benchName('bench:latency');
@@ -98,7 +98,7 @@ interface PathDef {
 function client(path: PathDef, command: string, args: readonly string[]): [string, string[]] {
   if (!path.job) return [command, [...args]];
   const { jobId, node } = path.job;
-  return ['srun', ['-u', '--overlap', `--jobid=${jobId}`, '-w', node, '-N1', '-n1', command, ...args]];
+  return ['srun', [...srunInJob(jobId, node), command, ...args]];
 }
 
 /** One measurement: the headline figure and what else the client said. */

@@ -165,3 +165,11 @@ export function relayOf(userUid: number, podUid: string): number[] {
   }
   return pids;
 }
+
+/**
+ * `srun` arguments that run a command as a step of JOBID on NODE, beside whatever runs there
+ * (`--overlap`): a pod's relay admits only the processes of its job, so its clients run this way.
+ */
+export function srunInJob(jobId: string, node: string): string[] {
+  return ['-u', '--overlap', `--jobid=${jobId}`, '-w', node, '-N1', '-n1'];
+}

@@ -34,7 +34,14 @@ import {
   waitForSocket,
   withTimeout,
 } from './harness.js';
-import { openShadowTunnel, relayOf, type ShadowHost, type ShadowTunnel, startShadowHost } from './shadow-path.js';
+import {
+  openShadowTunnel,
+  relayOf,
+  type ShadowHost,
+  type ShadowTunnel,
+  srunInJob,
+  startShadowHost,
+} from './shadow-path.js';
 import { CIPHER, openBackhaulForwards, openSshReverse, PINNED_CIPHER } from './site-paths.js';
 
 const PEER_SOURCE = join(ROOT, 'bench', 'tunnel_peer.py');
@@ -139,12 +146,7 @@ interface InJob {
 
 async function runPeer(user: TestUser, args: string[], bytes: number, job?: InJob): Promise<PeerResult> {
   const child = job
-    ? start(
-        'client',
-        'srun',
-        ['-u', '--overlap', `--jobid=${job.jobId}`, '-w', job.node, '-N1', '-n1', PYTHON, PEER, ...args],
-        user,
-      )
+    ? start('client', 'srun', [...srunInJob(job.jobId, job.node), PYTHON, PEER, ...args], user)
     : start('client', PYTHON, [PEER, ...args], user);
   let ended: { code: number | null; signal: NodeJS.Signals | null };
   try {
@@ -366,7 +368,7 @@ async function pathE(ctx: Context): Promise<Row[]> {
     forwards: [{ socket: sock, port: ctx.sinkPort }],
   });
   await waitForSocket(sock, 10_000, () => true);
-  const srun = ['srun', '-u', '--overlap', `--jobid=${jobId}`, '-w', ctx.site.nodeHost, '-N1', '-n1'];
+  const srun = ['srun', ...srunInJob(jobId, ctx.site.nodeHost)];
   const groups: CpuGroups = { ...common(ctx), 'slurmstepd + step': () => stepdTree(jobId) };
   const raw = (how: 'cat' | 'out' | 'in', label: string): Row => ({
     key: `e-raw-${how}`,

@@ -52,7 +52,7 @@ import {
   waitForSocket,
   withTimeout,
 } from './harness.js';
-import { openShadowTunnel, type ShadowTunnel, startShadowHost } from './shadow-path.js';
+import { openShadowTunnel, type ShadowTunnel, srunInJob, startShadowHost } from './shadow-path.js';
 import { openSshReverse, PINNED_CIPHER } from './site-paths.js';
 import { CLUSTER_ADDRESS, createWan, SITE_ADDRESS, type Wan } from './wan-topology.js';
 
@@ -214,7 +214,7 @@ function clientArgv(place: Place, user: TestUser, argv: string[]): [string, stri
   const ids = [`--reuid=${user.uid}`, `--regid=${user.gid}`, '--init-groups'];
   if (place.kind === 'site') return ['ip', ['netns', 'exec', place.ns, 'setpriv', ...ids, '--', PYTHON, ...argv]];
   // srun reaches slurmd (and slurmd reaches srun) in the machine's own namespace: the job's.
-  const srun = ['srun', '-u', '--overlap', `--jobid=${place.jobId}`, '-w', place.node, '-N1', '-n1'];
+  const srun = ['srun', ...srunInJob(place.jobId, place.node)];
   return ['nsenter', [`--net=/proc/${place.netOf}/ns/net`, 'setpriv', ...ids, '--', ...srun, PYTHON, ...argv]];
 }
 

@@ -1,4 +1,3 @@
-import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { chmod, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -9,9 +8,11 @@ import {
   type ImageStage,
   inImage,
   missingSources,
+  type Ran,
   type ReplayedImage,
   readDockerfile,
   replayImage,
+  runCollecting,
 } from '../../tools/sandbox/image-replay.js';
 
 /**
@@ -26,34 +27,12 @@ const ROOT = new URL('../..', import.meta.url).pathname;
 const DOCKERFILE = join(ROOT, 'deploy', 'Dockerfile');
 const IGNORE = join(ROOT, 'deploy', 'Dockerfile.dockerignore');
 
-interface Ran {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
-
 function runAs(user: string | undefined, argv: string[], cwd: string): Promise<Ran> {
   const [uid, gid] = (user ?? '0:0').split(':').map(Number);
-  return new Promise((resolve, reject) => {
-    const [file, ...args] = argv;
-    if (!file) throw new Error('empty argv');
-    const child = spawn(file, args, {
-      cwd,
-      uid,
-      gid: gid ?? uid,
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/nonexistent', NODE_ENV: 'production' },
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d: Buffer) => {
-      stdout += d.toString();
-    });
-    child.stderr.on('data', (d: Buffer) => {
-      stderr += d.toString();
-    });
-    child.once('error', reject);
-    child.once('exit', (code) => resolve({ code, stdout, stderr }));
-  });
+  const [file, ...args] = argv;
+  if (!file) throw new Error('empty argv');
+  const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/nonexistent', NODE_ENV: 'production' };
+  return runCollecting(file, args, { cwd, env, uid, gid: gid ?? uid });
 }
 
 let stages: ImageStage[];

@@ -159,23 +159,38 @@ function inStage(stageRoot: string, cwd: string, path: string): string {
   return join(stageRoot, posix.isAbsolute(path) ? path : posix.join(cwd, path));
 }
 
-async function shell(command: string, cwd: string, env: Record<string, string>, log: string[]): Promise<void> {
-  await new Promise<void>((resolve, reject) => {
-    const child = spawn('/bin/sh', ['-c', command], { cwd, env: { ...process.env, ...env }, stdio: 'pipe' });
-    let out = '';
+export interface Ran {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs FILE ARGS to its end (as UID:GID when given) and collects what it printed. */
+export function runCollecting(
+  file: string,
+  args: readonly string[],
+  options: { cwd: string; env: NodeJS.ProcessEnv; uid?: number; gid?: number },
+): Promise<Ran> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(file, args, { ...options, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
     child.stdout.on('data', (d: Buffer) => {
-      out += d.toString();
+      stdout += d.toString();
     });
     child.stderr.on('data', (d: Buffer) => {
-      out += d.toString();
+      stderr += d.toString();
     });
     child.once('error', reject);
-    child.once('exit', (code) => {
-      log.push(`  exit ${code}${out.trim() ? `: ${out.trim().split('\n').slice(-15).join('\n    ')}` : ''}`);
-      if (code === 0) resolve();
-      else reject(new Error(`RUN ${command.split('\n')[0]} exited ${code}:\n${out.slice(-4000)}`));
-    });
+    child.once('close', (code) => resolve({ code, stdout, stderr }));
   });
+}
+
+async function shell(command: string, cwd: string, env: Record<string, string>, log: string[]): Promise<void> {
+  const ran = await runCollecting('/bin/sh', ['-c', command], { cwd, env: { ...process.env, ...env } });
+  const out = `${ran.stdout}${ran.stderr}`.trim();
+  log.push(`  exit ${ran.code}${out ? `: ${out.split('\n').slice(-15).join('\n    ')}` : ''}`);
+  if (ran.code !== 0) throw new Error(`RUN ${command.split('\n')[0]} exited ${ran.code}:\n${out.slice(-4000)}`);
 }
 
 /** Replays every stage in order; the last one is the image. */
