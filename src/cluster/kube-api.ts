@@ -6,7 +6,7 @@ import { SpecError } from '../spec/spec-error.js';
 /**
  * Every call backhaul makes to the Kubernetes API, by resource. This is the one place it is written
  * down: the watcher, the cluster gate and the Event recorder name their calls from it, and
- * deploy/rbac.yaml grants exactly these rules (test/unit/kube-manifests.test.ts compares the two).
+ * deploy/base/rbac.yaml grants exactly these rules (test/unit/kube-manifests.test.ts compares the two).
  */
 export const KUBE_API_ACCESS = {
   /**

@@ -24,7 +24,7 @@ export interface WebhookServerOptions {
 
 /** AdmissionReviews are a pod and some metadata; the API server caps objects at about 1.5 MiB. */
 const MAX_BODY = 4 * 1024 * 1024;
-/** Bodies held at once, all connections together: well under the webhook pod's 256 Mi limit. */
+/** Bodies held at once, all connections together: well under the webhook pod's memory limit (320 Mi). */
 export const MAX_BODIES_BYTES = 16 * 1024 * 1024;
 /** Requests being read at once; the API server sends a few at a time. */
 export const MAX_REQUESTS = 64;

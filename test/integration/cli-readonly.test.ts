@@ -1,10 +1,15 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { basename, join, relative } from 'node:path';
+import type { V1Container } from '@kubernetes/client-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PodFollower } from '../../src/cli/pod-follow.js';
 import { silentLogger } from '../../src/log.js';
 import { type FleetDeps, fleetDeps, podReadDeps } from '../../src/pods/fleet-deps.js';
 import { controlOnlyConfig, drive, eventsUpTo } from '../fixtures/control-only.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
+import { renderOverlay, SITE_ADDRESSES } from '../fixtures/kustomize.js';
 import { waitFor } from '../fixtures/shadow-harness.js';
 
 /**
@@ -80,6 +85,49 @@ describe('read-only commands', () => {
     expect(run.stdout).toContain('waitingBatchHost');
     expect(run.stdout).toContain(podUid);
     expect(await allKeys()).toEqual(before);
+  });
+
+  it('`kubectl -n backhaul exec deploy/backhaul-fleet -- backhaul status` works with the fleet container’s own environment', async () => {
+    // The Deployment as an overlay renders it: its env (the Secret's URL resolved to this Redis) and its
+    // site configuration where the container mounts it (here in a temporary directory). No API server
+    // runs here to exec into; everything the command gets from the pod is given as the pod gives it.
+    const objects = renderOverlay('bundled-redis', SITE_ADDRESSES);
+    const fleetPod = objects.find((o) => o.kind === 'Deployment' && o.metadata.name === 'backhaul-fleet');
+    const site = objects.find((o) => o.kind === 'ConfigMap' && o.metadata.name === 'backhaul-site');
+    const container = (fleetPod?.spec as { template: { spec: { containers: V1Container[] } } }).template.spec
+      .containers[0];
+    const dir = await mkdtemp(join(tmpdir(), 'bh-exec-'));
+    try {
+      const env: NodeJS.ProcessEnv = { PATH: process.env.PATH };
+      for (const e of container?.env ?? []) {
+        if (e.valueFrom?.secretKeyRef) {
+          expect(e.valueFrom.secretKeyRef).toEqual({ name: 'backhaul-redis', key: 'url' });
+          env[e.name] = redis.url;
+        } else if (e.name === 'BACKHAUL_CONFIG') {
+          const mount = container?.volumeMounts?.find((m) => e.value?.startsWith(`${m.mountPath}/`));
+          const file = join(dir, relative(mount?.mountPath ?? '/', e.value ?? ''));
+          await writeFile(file, (site?.data as Record<string, string>)[basename(file)] ?? '');
+          env[e.name] = file;
+        } else env[e.name] = e.value;
+      }
+      expect(Object.keys(env).sort()).toEqual([
+        'BACKHAUL_CONFIG',
+        'BACKHAUL_LOG_LEVEL',
+        'NODE_OPTIONS',
+        'PATH',
+        'REDIS_URL',
+      ]);
+      const run = await new Promise<{ code: number; stdout: string; stderr: string }>((resolve) => {
+        execFile('node', [BIN, 'status'], { env, timeout: 60_000 }, (err, stdout, stderr) => {
+          resolve({ code: err ? (typeof err.code === 'number' ? err.code : 1) : 0, stdout, stderr });
+        });
+      });
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stdout).toContain('user/watched');
+      expect(run.stdout).toContain('waitingBatchHost');
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   it('status --watch writes a frame when the pod changes, and ends with exit 0 on Ctrl-C', async () => {

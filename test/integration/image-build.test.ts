@@ -8,6 +8,7 @@ import {
   type ImageStage,
   inImage,
   missingSources,
+  onImagePath,
   type Ran,
   type ReplayedImage,
   readDockerfile,
@@ -100,6 +101,15 @@ describe('the fleet image (deploy/Dockerfile)', () => {
       image.workdir,
     );
     expect(cmd.code, cmd.stderr).toBe(0);
+  });
+
+  it('has `backhaul` on its PATH, for `kubectl exec deploy/backhaul-fleet -- backhaul status`', async () => {
+    if (!image) throw new Error(`not replayed: ${replayError?.message ?? 'COPY sources missing'}`);
+    const command = onImagePath(image, 'backhaul');
+    expect(command, `PATH=${image.env.PATH}`).toBeDefined();
+    const ran = await runAs(image.user, [command ?? 'backhaul', 'status', '--help'], image.workdir);
+    expect(ran.code, ran.stderr).toBe(0);
+    expect(ran.stdout).toMatch(/Usage: backhaul status/);
   });
 
   it('carries no dev dependency and no test support', async () => {

@@ -2,14 +2,29 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connect, type TLSSocket } from 'node:tls';
+import type { V1Container } from '@kubernetes/client-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { podReview } from '../fixtures/admission-reviews.js';
+import { renderOverlay, SITE_ADDRESSES } from '../fixtures/kustomize.js';
 import { freePort } from '../fixtures/sshd.js';
 import { makeCa, makeServerCert, type PemPair } from '../fixtures/test-pki.js';
 import { startWorker, type WorkerProcess, writeConfig } from '../fixtures/worker-process.js';
 
-/** The webhook pod's memory limit in deploy/webhook.yaml. */
-const POD_LIMIT_MIB = 256;
+const webhookContainer = (() => {
+  const objects = renderOverlay('bundled-redis', SITE_ADDRESSES);
+  const deployment = objects.find((o) => o.kind === 'Deployment' && o.metadata.name === 'backhaul-webhook');
+  const container = (deployment?.spec as { template: { spec: { containers: V1Container[] } } } | undefined)?.template
+    .spec.containers[0];
+  if (!container) throw new Error('no webhook container in the rendered overlay');
+  return container;
+})();
+
+/** The webhook pod's memory limit, as deploy/base/webhook.yaml sets it. */
+const POD_LIMIT_MIB = Number(/^(\d+)Mi$/.exec(String(webhookContainer.resources?.limits?.memory))?.[1]);
+
+function webhookNodeOptions(): string {
+  return webhookContainer.env?.find((e) => e.name === 'NODE_OPTIONS')?.value ?? '';
+}
 const MiB = 1024 * 1024;
 
 /**
@@ -47,8 +62,11 @@ describe('the webhook under a flood of unfinished bodies', () => {
         },
       },
     });
-    // A webhook-only member never connects to Redis: the URL is never used.
-    worker = startWorker(config, 'redis://127.0.0.1:1', 'webhook', 'webhook-abuse');
+    // A webhook-only member never connects to Redis: the URL is never used. It runs with the Node options
+    // its Deployment gives it (the heap sizes decide how much garbage it holds at its peak).
+    worker = startWorker(config, 'redis://127.0.0.1:1', 'webhook', 'webhook-abuse', undefined, {
+      env: { NODE_OPTIONS: webhookNodeOptions() },
+    });
     await waitForLog(worker, 'admission webhook listening');
   }, 60_000);
 

@@ -1,5 +1,5 @@
-import { readdirSync, readFileSync } from 'node:fs';
-import { join, relative } from 'node:path';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import {
   dumpYaml,
@@ -19,8 +19,10 @@ import { describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
 import { KUBE_API_ACCESS, KUBE_API_GROUP } from '../../src/cluster/kube-api.js';
 import { parseSiteConfigYaml } from '../../src/spec/site-config.js';
+import { DEPLOY, renderOverlayText, SITE_ADDRESSES } from '../fixtures/kustomize.js';
 
-const DEPLOY = join(import.meta.dirname, '../../deploy');
+/** The bundled-redis overlay as a site renders it, its addresses set (test/fixtures/kustomize.ts). */
+const OVERLAY = 'bundled-redis';
 
 interface Loaded {
   file: string;
@@ -28,24 +30,17 @@ interface Loaded {
   obj: { apiVersion?: string; kind?: string; metadata?: { name?: string; namespace?: string } };
 }
 
-function yamlFiles(dir: string): string[] {
-  return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
-    const path = join(dir, entry.name);
-    if (entry.isDirectory()) return yamlFiles(path);
-    return /\.ya?ml$/.test(entry.name) ? [path] : [];
-  });
-}
-
-const loaded: Loaded[] = yamlFiles(DEPLOY).flatMap((path) => {
-  const text = readFileSync(path, 'utf8');
-  const objs = loadAllYaml(text) as Loaded['obj'][];
-  const raws = parseAllDocuments(text).map((d) => d.toJS() as Record<string, unknown>);
-  return objs.map((obj, i) => ({ file: relative(DEPLOY, path), raw: raws[i] ?? {}, obj }));
-});
+const text = renderOverlayText(OVERLAY, SITE_ADDRESSES);
+const raws = parseAllDocuments(text).map((d) => d.toJS() as Record<string, unknown>);
+const loaded: Loaded[] = (loadAllYaml(text) as Loaded['obj'][]).map((obj, i) => ({
+  file: `overlays/${OVERLAY}`,
+  raw: raws[i] ?? {},
+  obj,
+}));
 
 function find<T>(kind: string, name: string): T {
   const hit = loaded.find((l) => l.obj.kind === kind && l.obj.metadata?.name === name);
-  if (!hit) throw new Error(`no ${kind} ${name} in deploy/`);
+  if (!hit) throw new Error(`no ${kind} ${name} in deploy/overlays/${OVERLAY}`);
   return hit.obj as T;
 }
 
@@ -93,18 +88,33 @@ describe('deploy/: every manifest loads with the client library', () => {
       };
       podSelector?: { matchLabels?: Record<string, string> };
     }
-    const policy = find<{
+    type Policy = {
+      metadata: { name: string };
       spec: {
         podSelector: { matchLabels: Record<string, string> };
         policyTypes: string[];
-        egress: { to: Peer[]; ports?: { port: number; protocol: string }[] }[];
+        egress?: { to: Peer[]; ports?: { port: number; protocol: string }[] }[];
       };
-    }>('NetworkPolicy', 'backhaul-fleet-egress');
-    expect(policy.spec.podSelector.matchLabels).toEqual({
-      'app.kubernetes.io/name': 'backhaul',
-      'app.kubernetes.io/component': 'fleet',
-    });
-    expect(policy.spec.policyTypes).toEqual(['Egress']);
+    };
+    // NetworkPolicies add up: the fleet may reach what any policy selecting it allows.
+    const policies = loaded
+      .filter((l) => l.obj.kind === 'NetworkPolicy')
+      .map((l) => l.obj as unknown as Policy)
+      .filter((p) => p.spec.policyTypes.includes('Egress'));
+    expect(policies.map((p) => p.metadata.name).sort()).toEqual([
+      'backhaul-fleet-egress',
+      'backhaul-fleet-egress-apiserver',
+      'backhaul-fleet-egress-login',
+      'backhaul-fleet-egress-redis',
+    ]);
+    for (const p of policies) {
+      expect(p.spec.podSelector.matchLabels).toEqual({
+        'app.kubernetes.io/name': 'backhaul',
+        'app.kubernetes.io/component': 'fleet',
+      });
+      expect(p.spec.policyTypes).toEqual(['Egress']);
+    }
+    const policy = { spec: { egress: policies.flatMap((p) => p.spec.egress ?? []) } };
     const peers = policy.spec.egress.flatMap((rule) => rule.to.map((peer) => ({ peer, ports: rule.ports })));
     for (const { peer, ports } of peers) {
       if (peer.ipBlock) {
@@ -126,7 +136,9 @@ describe('deploy/: every manifest loads with the client library', () => {
       }
     }
     const sshRule = policy.spec.egress.find((rule) => rule.ports?.some((p) => p.port === 22));
-    expect(sshRule?.to[0]?.ipBlock).toBeDefined();
+    expect(sshRule?.to[0]?.ipBlock?.cidr).toBe(SITE_ADDRESSES.loginNode);
+    const apiRule = policy.spec.egress.find((rule) => rule.ports?.some((p) => p.port === 6443));
+    expect(apiRule?.to[0]?.ipBlock?.cidr).toBe(SITE_ADDRESSES.apiServer);
   });
 
   it('lets only the API server reach the webhook and only the scraper the health port (issue 25, item 4)', () => {
@@ -150,7 +162,7 @@ describe('deploy/: every manifest loads with the client library', () => {
     expect(webhook.ingress.flatMap((rule) => rule._from.map((peer) => Object.keys(peer)))).toEqual([['ipBlock']]);
     expect(webhook.ingress.flatMap((rule) => rule.ports.map((p) => p.port))).toEqual([8443]);
     // The pod network is left out (a wrong value fails open: the API server is never kept out).
-    expect(webhook.ingress[0]?._from[0]?.ipBlock).toEqual({ cidr: '0.0.0.0/0', except: ['10.244.0.0/16'] });
+    expect(webhook.ingress[0]?._from[0]?.ipBlock).toEqual({ cidr: '0.0.0.0/0', except: [SITE_ADDRESSES.podNetwork] });
     const fleet = ingressOf('backhaul-fleet-ingress');
     expect(fleet.podSelector.matchLabels['app.kubernetes.io/component']).toBe('fleet');
     expect(fleet.ingress).toEqual([
@@ -186,12 +198,8 @@ describe('deploy/: every manifest loads with the client library', () => {
     }
   });
 
-  it('lists every manifest in the kustomization (cert-manager stays optional)', () => {
-    const kustomization = loaded.find((l) => l.obj.kind === 'Kustomization')?.raw as { resources: string[] };
-    const files = [...new Set(loaded.map((l) => l.file))].filter(
-      (f) => f !== 'kustomization.yaml' && !f.startsWith('cert-manager/'),
-    );
-    expect([...kustomization.resources].sort()).toEqual(files.sort());
+  it('leaves nothing of the site-addresses ConfigMap in what is applied (it is local configuration)', () => {
+    expect(loaded.filter((l) => l.obj.metadata?.name === 'backhaul-site-addresses')).toEqual([]);
   });
 });
 
@@ -251,7 +259,7 @@ function mountOf(c: V1Container, volume: string): string {
 
 describe('deploy/: the workloads', () => {
   const site = find<V1ConfigMap>('ConfigMap', 'backhaul-site');
-  const config = parseSiteConfigYaml(site.data?.['site.yaml'] ?? '', 'deploy/site-config.yaml');
+  const config = parseSiteConfigYaml(site.data?.['site.yaml'] ?? '', 'deploy/base/site-config.yaml');
 
   it('ships a site configuration that parses, uses the cluster itself, and names the virtual nodes', () => {
     expect(config.Backhaul.Kubernetes.Kubeconfig).toBeUndefined();

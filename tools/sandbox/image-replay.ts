@@ -1,4 +1,5 @@
 import { execFile, spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { chmod, cp, mkdir } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { dirname, join, posix } from 'node:path';
@@ -153,6 +154,18 @@ export interface ReplayedImage {
   entrypoint: string[];
   cmd: string[];
   workdir: string;
+  /** The image's ENV (container paths, as written). */
+  env: Record<string, string>;
+}
+
+/** Where COMMAND is on the image's PATH, mapped into `root`; undefined when no entry has it. */
+export function onImagePath(image: ReplayedImage, command: string): string | undefined {
+  for (const dir of (image.env.PATH ?? '').split(':')) {
+    if (!posix.isAbsolute(dir)) continue;
+    const path = join(image.root, dir, command);
+    if (existsSync(path)) return path;
+  }
+  return undefined;
 }
 
 function inStage(stageRoot: string, cwd: string, path: string): string {
@@ -282,7 +295,7 @@ export async function replayImage(stages: ImageStage[], options: ReplayOptions):
           break;
       }
     }
-    image = { root: stageRoot, user, entrypoint, cmd, workdir: join(stageRoot, cwd) };
+    image = { root: stageRoot, user, entrypoint, cmd, workdir: join(stageRoot, cwd), env: { ...env } };
   }
   if (!image) throw new Error('the Dockerfile has no FROM');
   return image;
