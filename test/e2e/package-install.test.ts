@@ -1,4 +1,5 @@
 import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -13,8 +14,15 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 const execFileAsync = promisify(execFile);
 const PROJECT = new URL('../..', import.meta.url).pathname;
-/** What README.md tells a site to run, with --prefix added. */
-const ALLOW_SCRIPTS = '--allow-scripts=backhaul,ssh2,cpu-features';
+/** The one command README.md's "Install" tells a site to run (this test adds --prefix and the tarball's path). */
+const INSTALL = (() => {
+  const readme = readFileSync(join(PROJECT, 'README.md'), 'utf8');
+  const line = /^npm install -g (--allow-scripts=\S+) (backhaul-\S+\.tgz)/m.exec(readme);
+  if (!line?.[1] || !line[2])
+    throw new Error('README.md has no `npm install -g --allow-scripts=… backhaul-<version>.tgz` line');
+  return { allowScripts: line[1], tarball: line[2] };
+})();
+const ALLOW_SCRIPTS = INSTALL.allowScripts;
 
 interface Ran {
   code: number;
@@ -43,6 +51,8 @@ beforeAll(async () => {
   const packed = await run('npm', ['pack', '--ignore-scripts', '--pack-destination', dir], PROJECT);
   expect(packed.code, packed.stderr).toBe(0);
   const tarball = packed.stdout.trim().split('\n').pop() ?? '';
+  // The name README.md shows is the one npm pack makes of this version.
+  expect(tarball).toBe(INSTALL.tarball);
   installed = await run(
     'npm',
     [

@@ -606,9 +606,9 @@ describe('outages of the site', () => {
   it.each([
     // Short: it ends while the relaunches still wait for the login node's handshake.
     { seconds: 20, connectTimeout: '20s', unreachable: false },
-    // Six handshake timeouts long (as 90 s is with the default 20 s): every relaunch fails to reach the
+    // Six handshake timeouts long (as 120 s is with the default 20 s): every relaunch fails to reach the
     // login node several times over, which without the site-wide rule would spend 3 launches.
-    { seconds: 30, connectTimeout: '5s', unreachable: true },
+    { seconds: 18, connectTimeout: '3s', unreachable: true },
   ])('login node stopped $seconds s (SIGSTOP, ConnectTimeout $connectTimeout), then continued: every pod active again, none failed, no relaunch budget spent on it', async ({
     seconds,
     connectTimeout,
@@ -662,9 +662,9 @@ describe('outages of the site', () => {
     for (const p of pods) expect((await deps.store.load(p.uid))?.state).toBe('active');
     expect((await deps.leases.list()).leases).toHaveLength(pods.length);
   }, 360_000);
-  it('slurmctld stopped 25 s (SIGSTOP, SlurmQueryTimeout 5s) while pods wait for their jobs: they wait it out without spending launches, then come up; an active pod never notices', async () => {
+  it('slurmctld stopped 12 s (SIGSTOP, SlurmQueryTimeout 2s) while pods wait for their jobs: they wait it out without spending launches, then come up; an active pod never notices', async () => {
     // One launch: a failure that spent one would fail the pod at once. A squeue may take 5 s.
-    const site = await fleetSite({}, { RetryLimit: 1 }, { SlurmQueryTimeout: '5s' });
+    const site = await fleetSite({}, { RetryLimit: 1 }, { SlurmQueryTimeout: '2s' });
     const { h, deps, echo, configPath } = site;
     const { host } = await startControlAndHost(configPath, 'host-1');
     const pods = Array.from({ length: 3 }, (_, i) => ({ uid: uid(), port: 16600 + i }));
@@ -697,8 +697,9 @@ describe('outages of the site', () => {
     signalAll([ctld], 'SIGSTOP');
     const stoppedAt = Date.now();
     try {
-      // Longer than a job lookup's three squeue attempts of 5 s (and its pauses): the waiting pods see it fail.
-      await sleep(25_000);
+      // Longer than a job lookup's three squeue attempts of 2 s and its pauses (7.25 s): the waiting pods
+      // see it fail.
+      await sleep(12_000);
     } finally {
       signalAll([ctld], 'SIGCONT');
     }
@@ -724,7 +725,7 @@ describe('outages of the site', () => {
     });
     const all = await timelines();
     console.log(
-      `slurmctld stopped 25 s (${continuedAt - stoppedAt} ms): every pod active and through ${recovered - continuedAt} ms after it continued\n${all}`,
+      `slurmctld stopped 12 s (${continuedAt - stoppedAt} ms): every pod active and through ${recovered - continuedAt} ms after it continued\n${all}`,
     );
     expect(all).not.toContain('->failed');
     expect(all).toContain('slurm-unreachable');
