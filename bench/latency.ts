@@ -25,7 +25,7 @@
  * BENCH_PG_SECONDS (10), BENCH_REDIS_REQUESTS (100000), BENCH_PATHS (direct,b,br,c,cr,c1,c1r; also cx,cxr),
  * BENCH_TUNNEL_THREADS (for (c); default as "auto"),
  * BENCH_KINDS (seq,conc8,conc32,connect,pgbench,redis), BENCH_CONNECT_COUNT (500), BENCH_JSON (write every sample to this file).
- * Results and their reading: docs/PERFORMANCE.md ("Round trips").
+ * Results and their reading: docs/history/performance-notebook.md ("Round trips").
  */
 import { chmodSync, chownSync, readFileSync } from 'node:fs';
 import { copyFile, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';

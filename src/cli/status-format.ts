@@ -80,7 +80,7 @@ export function formatDetail(p: PodDetail): string {
   return `${lines.join('\n')}\n`;
 }
 
-/** `per job` or `per user`, for the relay and the sockets (README, Security model). */
+/** `per job` or `per user`, for the relay and the sockets (docs/SECURITY.md). */
 function formatIsolation(isolation: PodStatus['isolation']): string {
   if (!isolation) return '-';
   const word = (level: 'job' | 'user') => (level === 'job' ? 'per job' : 'per user');

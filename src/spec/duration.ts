@@ -25,23 +25,27 @@ export function parseDuration(text: string): number | undefined {
 
 /** A zod field taking a duration string and yielding milliseconds. */
 export function duration(min = 1) {
-  return z.string().transform((text, ctx) => {
-    const ms = parseDuration(text);
-    if (ms === undefined) {
-      ctx.addIssue({ code: 'custom', message: `expected ${DURATION_ACCEPTED}, got ${quote(text)}` });
-      return z.NEVER;
-    }
-    if (ms < min) {
-      ctx.addIssue({ code: 'custom', message: `must be at least ${min} ms, got ${quote(text)}` });
-      return z.NEVER;
-    }
-    if (ms > MAX_DURATION_MS) {
-      ctx.addIssue({
-        code: 'custom',
-        message: `must be at most 24d (24.8 days, the longest a timer waits), got ${quote(text)}`,
-      });
-      return z.NEVER;
-    }
-    return ms;
-  });
+  // The metadata is for docs/CONFIG.md (tools/config-doc.ts): a duration, and its floor.
+  return z
+    .string()
+    .meta({ 'x-duration-min-ms': min })
+    .transform((text, ctx) => {
+      const ms = parseDuration(text);
+      if (ms === undefined) {
+        ctx.addIssue({ code: 'custom', message: `expected ${DURATION_ACCEPTED}, got ${quote(text)}` });
+        return z.NEVER;
+      }
+      if (ms < min) {
+        ctx.addIssue({ code: 'custom', message: `must be at least ${min} ms, got ${quote(text)}` });
+        return z.NEVER;
+      }
+      if (ms > MAX_DURATION_MS) {
+        ctx.addIssue({
+          code: 'custom',
+          message: `must be at most 24d (24.8 days, the longest a timer waits), got ${quote(text)}`,
+        });
+        return z.NEVER;
+      }
+      return ms;
+    });
 }

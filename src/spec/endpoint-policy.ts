@@ -24,38 +24,45 @@ const NAMESPACE_OR_ANY = /^(\*|(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?)$/;
 const HOST_PATTERN = /^\*$|^(\*\.)?(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
 
 export const endpointRulesSchema = z.strictObject({
-  /** Services of these namespaces; `*`: of every namespace (the fleet's own still only by name). */
   Namespaces: z
     .array(z.string().regex(NAMESPACE_OR_ANY, 'expected a namespace name (DNS-1123 label) or *'))
-    .default([]),
-  /** These Services, as `name.namespace`. */
-  Services: z.array(z.string().regex(SERVICE, 'expected a Service as name.namespace, e.g. minio.storage')).default([]),
-  /** IPv4 ranges, e.g. 10.20.0.0/16 (an address as x.y.z.w/32). */
-  CIDRs: z.array(z.string().refine(validCidr, 'expected an IPv4 CIDR such as 10.20.0.0/16')).default([]),
-  /** Host names outside the cluster, exact or `*.example.org` (any name below it); `*`: any (never localhost). */
+    .default([])
+    .describe("Namespaces whose Services pods may reach; * is every namespace (but never the fleet's)."),
+  Services: z
+    .array(z.string().regex(SERVICE, 'expected a Service as name.namespace, e.g. minio.storage'))
+    .default([])
+    .describe('Services as name.namespace.'),
+  CIDRs: z
+    .array(z.string().refine(validCidr, 'expected an IPv4 CIDR such as 10.20.0.0/16'))
+    .default([])
+    .describe('IPv4 ranges, e.g. 10.20.0.0/16.'),
   Hosts: z
     .array(z.string().regex(HOST_PATTERN, 'expected a host name, *.domain for every name below it, or *'))
-    .default([]),
+    .default([])
+    .describe('Names outside the cluster: exact, *.example.org, or *.'),
 });
 
 export const endpointPolicySchema = z.strictObject({
-  /** Services of the pod's own namespace. */
-  OwnNamespace: z.boolean().default(true),
-  /** The Kubernetes API (`kubernetes.default`). */
-  KubernetesAPI: z.boolean().default(true),
-  /** Allowed to the pods of every namespace. */
-  Allow: endpointRulesSchema.prefault({}),
-  /** Allowed to the pods of one namespace, in addition to Allow. */
+  OwnNamespace: z.boolean().default(true).describe('A pod may reach the Services of its own namespace.'),
+  KubernetesAPI: z.boolean().default(true).describe('A pod may reach kubernetes.default.'),
+  Allow: endpointRulesSchema.prefault({}).describe('More for the pods of every namespace.'),
   AllowByNamespace: z
     .record(z.string().regex(NAMESPACE, 'expected a namespace name (DNS-1123 label)'), endpointRulesSchema)
-    .default({}),
-  /** The fleet's own namespace: its Services (Redis, the webhook) are refused unless a rule names them. */
-  FleetNamespace: z.string().regex(NAMESPACE, 'expected a namespace name (DNS-1123 label)').default('backhaul'),
-  /**
-   * The cluster's own ranges (Service and pod CIDRs): a name outside the cluster whose DNS answer falls
-   * in them is refused (a hostile DNS record pointing into the cluster), unless a CIDR rule allows it.
-   */
-  ClusterCIDRs: z.array(z.string().refine(validCidr, 'expected an IPv4 CIDR such as 10.96.0.0/12')).default([]),
+    .default({})
+    .describe('The same rules for the pods of one namespace, e.g. { team-a: { Namespaces: [shared-data] } }.'),
+  FleetNamespace: z
+    .string()
+    .regex(NAMESPACE, 'expected a namespace name (DNS-1123 label)')
+    .default('backhaul')
+    .describe(
+      "The fleet's own namespace (its Redis, its webhook): refused unless a rule names it; * does not open it, and its Services' and pods' addresses are refused at every dial unless a CIDR rule names the exact address.",
+    ),
+  ClusterCIDRs: z
+    .array(z.string().refine(validCidr, 'expected an IPv4 CIDR such as 10.96.0.0/12'))
+    .default([])
+    .describe(
+      "The cluster's own ranges (Service and pod CIDRs): a name outside the cluster whose DNS answer falls in them is refused unless a CIDR rule allows it.",
+    ),
 });
 
 export type EndpointPolicy = z.output<typeof endpointPolicySchema>;

@@ -7,7 +7,7 @@ import { createRequire } from 'node:module';
  * JavaScript (and WebAssembly for poly1305). Our patch (patches/ssh2+1.17.0.patch, applied by
  * `npm ci`) takes packet padding from a pooled CSPRNG buffer and makes the fallback write each packet
  * once: unpatched, the fallback's three writes per packet made every round trip wait for a delayed
- * ACK (46 ms, docs/PERFORMANCE.md "Round trips"). The fleet runs either way but says which (a log
+ * ACK (46 ms, docs/history/performance-notebook.md "Round trips"). The fleet runs either way but says which (a log
  * line, `backhaul_ssh_crypto_info`, `backhaul doctor`).
  */
 export interface SshCryptoPath {
@@ -15,7 +15,7 @@ export interface SshCryptoPath {
   native: boolean;
   /** patches/ssh2+1.17.0.patch is applied. */
   patched: boolean;
-  /** Both: the path the figures in docs/PERFORMANCE.md were measured on. */
+  /** Both: the path the figures in docs/history/performance-notebook.md were measured on. */
   ok: boolean;
   /** One line for logs and doctor. */
   description: string;

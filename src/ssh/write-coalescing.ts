@@ -7,7 +7,7 @@ import type { Writable } from 'node:stream';
  * ssh2 writes every packet with its own `write()`. Through a node carrier under concurrency that is a
  * login-socket `write` syscall, an outer packet for the login sshd to decrypt and forward, and a segment
  * for the node sshd to read, per inner packet: with 32 connections the login sshd spent 17 CPU-µs per
- * request against OpenSSH's 7 (docs/PERFORMANCE.md). Coalesced, the inner packets written while one turn's
+ * request against OpenSSH's 7 (docs/history/performance-notebook.md). Coalesced, the inner packets written while one turn's
  * ready sockets are read go to the jump channel as one CHANNEL_DATA, and the outer packets of the turn go
  * to the login socket as one `writev`.
  *

@@ -144,10 +144,10 @@ export class SessionHost {
     if (tunnels && !process.execArgv.includes('--single-threaded-gc')) {
       deps.log.info(
         { hint: 'node --single-threaded-gc bin/backhaul.js worker ...' },
-        "node runs V8's background GC: on hosts with few cores the tunnels move less (docs/PERFORMANCE.md)",
+        "node runs V8's background GC: on hosts with few cores the tunnels move less (docs/history/performance-notebook.md)",
       );
     }
-    // What separates pods of the site user on this site (README, Security model); each relay reports its own.
+    // What separates pods of the site user on this site (docs/SECURITY.md); each relay reports its own.
     const isolation = siteIsolation(
       carrierMode(deps.config.Network.SSH.Reverse),
       deps.config.Network.SSH.Reverse.SocketRoot,

@@ -11,7 +11,7 @@ import { echoServer } from '../fixtures/shadow-harness.js';
 /**
  * A round trip through the tunnel must not wait for a delayed ACK. Before ssh2's native binding was
  * built, its JavaScript fallback wrote each SSH packet in three pieces and Nagle held the later ones
- * until the peer's delayed ACK: 46 ms a round trip (docs/PERFORMANCE.md "Round trips"). The carrier
+ * until the peer's delayed ACK: 46 ms a round trip (docs/history/performance-notebook.md "Round trips"). The carrier
  * runs in its own process (test/fixtures/carrier-process.ts), once as installed and once with the
  * binding hidden, and a client here makes sequential 64-byte request/responses through the node's
  * socket. Not a benchmark: the bound is 15 ms a round trip, a third of one delayed ACK.

@@ -4,7 +4,7 @@ import { siteIsolation, slurmSettings } from '../../src/site/doctor/isolation-ch
 const CONFIG = (proctrack: string, container: string) =>
   `Configuration data as of 2026-12-06T05:00:00\nJobContainerType        = ${container}\nProctrackType           = ${proctrack}\n`;
 
-describe('the isolation a site gives two pods of one site user (README, Security model)', () => {
+describe('the isolation a site gives two pods of one site user (docs/SECURITY.md)', () => {
   it('sockets per job only with job_container/tmpfs, the srun carrier and SocketRoot on the private /tmp', () => {
     const tmpfs = slurmSettings(CONFIG('proctrack/cgroup', 'job_container/tmpfs'));
     expect(siteIsolation('srun', '/tmp/backhaul-hpc', tmpfs)).toMatchObject({ relay: 'job', sockets: 'job' });

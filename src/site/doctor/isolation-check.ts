@@ -20,8 +20,8 @@ export interface SiteIsolation {
 }
 
 /**
- * The isolation a site gives the tunnels of pods whose jobs share the site user (README, Security
- * model): the relay admits only its job on every site (the prelude's relay runs with --job-only; how it
+ * The isolation a site gives the tunnels of pods whose jobs share the site user (docs/SECURITY.md):
+ * the relay admits only its job on every site (the prelude's relay runs with --job-only; how it
  * knows the job: the job's cgroup with proctrack/cgroup, else its process tree and steps); the sockets
  * are per job only where they live on the job's private /tmp (job_container/tmpfs) and the carrier
  * that binds them runs inside the job (srun).
