@@ -76,6 +76,11 @@ export function writeControlConfig(dir: string, url: string): string {
       `    URL: ${url}`,
       // Long enough that no deadline of a benchmark run falls due.
       '  PhaseTimeout: 30m',
+      // No cluster here: the control role starts machines itself (as `backhaul submit` does), which a site
+      // with cluster checks refuses ("only the watch role may start machines on this site").
+      '  Kubernetes:',
+      '    NamespaceLabel: ""',
+      '    NetworkPolicies: false',
       '',
     ].join('\n'),
   );

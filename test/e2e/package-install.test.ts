@@ -76,12 +76,15 @@ afterAll(async () => {
 });
 
 describe('the packed package, installed with npm install -g', () => {
-  it('installs, and its backhaul command says its version', async () => {
+  it('installs, and its backhaul command says its version and explains doctor', async () => {
     expect(installed.code, `${installed.stdout}\n${installed.stderr}`).toBe(0);
     const { version } = JSON.parse(await readFile(join(PROJECT, 'package.json'), 'utf8')) as { version: string };
     const ran = await run(join(prefix, 'bin', 'backhaul'), ['--version'], dir);
     expect(ran.code, ran.stderr).toBe(0);
     expect(ran.stdout.trim()).toBe(version);
+    const help = await run(join(prefix, 'bin', 'backhaul'), ['doctor', '--help'], dir);
+    expect(help.code, help.stderr).toBe(0);
+    expect(help.stdout).toMatch(/Usage: backhaul doctor/);
   });
 
   it("runs ssh2 with its native binding and the project's patch applied (the path the figures were measured on)", async () => {
