@@ -1,7 +1,10 @@
 -- lease-acquire: take a pod's fencing lease for a shadow session (ARCHITECTURE.md §3.7).
 -- Granted when the lease is free, expired, or already held by the same holder; never to a generation
 -- older than the one holding it (a stale shadow must not come back). Every grant draws a new fencing
--- token from a counter, so an earlier holder's token stops working at once.
+-- token from a counter, so an earlier holder's token stops working at once. The counter is first raised
+-- to the server's clock in microseconds: a failover that lost the last grants (replication is
+-- asynchronous) rolls the counter back, and a plain INCR would then hand a lost grant's token to the
+-- next holder, whose lease the lost one's session could go on renewing.
 --
 -- KEYS[1] lease              <prefix>lease:<uid>     hash {holder, generation, token, expiresAt}
 -- KEYS[2] lease index        <prefix>leases          sorted set: uid scored by expiresAt (ms)
@@ -34,7 +37,9 @@ if cur[1] then
   end
 end
 
-local token = redis.call('INCR', KEYS[3])
+local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local token = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), floor) + 1
+redis.call('SET', KEYS[3], string.format('%.0f', token))
 local expiresAt = now + tonumber(ARGV[4])
 redis.call('HSET', KEYS[1], 'holder', ARGV[2], 'generation', generation, 'token', token, 'expiresAt', expiresAt)
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]) + tonumber(ARGV[5]))

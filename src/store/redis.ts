@@ -1,4 +1,5 @@
 import { Redis, type RedisOptions } from 'ioredis';
+import { parseRedisUrl } from '../spec/redis-url.js';
 
 export const DEFAULT_REDIS_URL = 'redis://127.0.0.1:6379';
 
@@ -16,7 +17,11 @@ export interface CreateRedisOptions {
   options?: RedisOptions;
 }
 
-/** A connection to Redis, from `--redis URL`, else REDIS_URL, else the local default (ARCHITECTURE.md §3.10). */
+/**
+ * A connection to Redis, from `--redis URL`, else REDIS_URL, else the local default (ARCHITECTURE.md §3.10):
+ * one server, or the master a set of sentinels names (src/store/redis-url.ts). Throws RedisUrlError on a
+ * URL it cannot read.
+ */
 export function createRedis(url?: string, opts: CreateRedisOptions = {}): Redis {
   const target = url ?? process.env.REDIS_URL ?? DEFAULT_REDIS_URL;
   const kind = opts.kind ?? 'worker';
@@ -24,7 +29,8 @@ export function createRedis(url?: string, opts: CreateRedisOptions = {}): Redis 
     kind === 'worker'
       ? { maxRetriesPerRequest: null, enableReadyCheck: true }
       : { maxRetriesPerRequest: 1, connectTimeout: 5_000, retryStrategy: (times) => (times > 3 ? null : 200 * times) };
-  return new Redis(target, {
+  return new Redis({
+    ...parseRedisUrl(target).options,
     ...base,
     ...(opts.connectionName === undefined ? {} : { connectionName: opts.connectionName }),
     ...(opts.password === undefined ? {} : { password: opts.password }),

@@ -456,6 +456,25 @@ describe('LeaseStore', () => {
     expect((await leases.listExpired()).leases).toEqual([]);
   });
 
+  it('never hands a token out twice, even after a failover lost the last grants (the counter rolled back)', async () => {
+    const leases = new LeaseStore(redis, { keys: freshKeys(), retainMs: 30_000 });
+    const counter = leases.keys.leaseToken();
+    const before = await redis.get(counter);
+    const lost = await leases.acquire('u1', 'host-a', 1, 5_000);
+    if (!lost.ok) throw new Error('not granted');
+    // What a promoted replica that never got this grant holds: no lease, the counter as it was.
+    await redis.del(leases.keys.lease('u1'));
+    if (before === null) await redis.del(counter);
+    else await redis.set(counter, before);
+    // The pod's session is started again elsewhere: its token must not be the lost grant's, or the lost
+    // grant's session (still running, with that token) would go on renewing the new holder's lease.
+    const next = await leases.acquire('u1', 'host-b', 2, 5_000);
+    if (!next.ok) throw new Error('not granted');
+    expect(next.lease.token, `lost ${lost.lease.token}, next ${next.lease.token}`).toBeGreaterThan(lost.lease.token);
+    expect(await leases.renew('u1', lost.lease.token, 5_000)).toEqual({ ok: false, reason: 'lost' });
+    expect(Number.isSafeInteger(next.lease.token)).toBe(true);
+  });
+
   it('an expired lease nobody took is renewed by its own token (a Redis outage must not end a shadow)', async () => {
     const leases = new LeaseStore(redis, { keys: freshKeys(), retainMs: 30_000 });
     const a = await leases.acquire('u1', 'host-a', 1, 100);

@@ -106,12 +106,18 @@ describe('deploy/overlays: Redis, bundled or the site’s', () => {
     );
   });
 
-  it('external: no Redis of its own; the fleet may reach the site’s Redis at its address, on its port only', () => {
+  it('external: no Redis of its own; the fleet may reach the site’s Redis (or its sentinels) at its address, on their ports only', () => {
     const objects = overlay('external-redis');
     expect(objects.filter((o) => o.kind === 'StatefulSet')).toEqual([]);
     const egress = of(objects, 'NetworkPolicy', 'backhaul-fleet-egress-redis');
     expect(pick(egress, 'spec.egress')).toEqual([
-      { to: [{ ipBlock: { cidr: SITE_ADDRESSES.redis } }], ports: [{ port: 6379, protocol: 'TCP' }] },
+      {
+        to: [{ ipBlock: { cidr: SITE_ADDRESSES.redis } }],
+        ports: [
+          { port: 6379, protocol: 'TCP' },
+          { port: 26379, protocol: 'TCP' },
+        ],
+      },
     ]);
   });
 });

@@ -1,0 +1,121 @@
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { FleetDeps } from '../../src/pods/fleet-deps.js';
+import { allActive, failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
+import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
+import { SentinelSet } from '../fixtures/redis-sentinel.js';
+import { uid, waitFor } from '../fixtures/shadow-harness.js';
+import { cancelSubmittedJobs } from '../fixtures/slurm.js';
+import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
+
+/**
+ * The fleet on Redis with Sentinel (a master, two replicas, three sentinels), through
+ * `redis+sentinel://…/bh`: the master is killed (kill -9) under active pods and pods in setup; the
+ * sentinels promote a replica, the fleet follows it, no tunnel drops and the pods in setup come up.
+ * Then the old master comes back and is made a replica of the new one; the fleet carries on.
+ */
+describe('Redis with Sentinel: the master killed under active pods', () => {
+  let sentinels: SentinelSet;
+  let site: ProcessFleetSite;
+  let deps: FleetDeps;
+  const workers: WorkerProcess[] = [];
+
+  beforeAll(async () => {
+    sentinels = await SentinelSet.start();
+    site = await processFleetSite(sentinels.url);
+    deps = site.deps;
+  }, 120_000);
+
+  afterAll(async () => {
+    for (const w of workers.splice(0)) {
+      w.kill('SIGKILL');
+      await w.exited;
+    }
+    await cancelSubmittedJobs();
+    await site?.close();
+    await sentinels?.stop();
+  });
+
+  it('follows the promoted replica: no probe fails, no shadow is replaced, pods in setup come up; the old master returns as a replica', async () => {
+    const control = startWorker(site.configPath, sentinels.url, 'control', 'control-sentinel');
+    const host = startWorker(site.configPath, sentinels.url, 'session', 'host-sentinel');
+    workers.push(control, host);
+    await Promise.all([workerStarted(control), workerStarted(host)]);
+
+    const active = Array.from({ length: 4 }, (_, i) => ({ uid: uid(), port: 15600 + i }));
+    const outs = active.map((p) => join(site.h.workdir, `${p.uid}.out`));
+    for (const [i, p] of active.entries()) {
+      await submitPod(site, p.uid, `sentinel-${i}`, `${p.port}:127.0.0.1:${site.echo.port}`, prober(p.port), outs[i]);
+    }
+    const uids = active.map((p) => p.uid);
+    await waitFor('the pods active', () => allActive(deps, uids), 90_000);
+    const generations = () =>
+      Promise.all(
+        uids.map(
+          async (u) =>
+            ((await deps.store.load(u))?.snapshot as { context?: { generation?: number } } | undefined)?.context
+              ?.generation,
+        ),
+      );
+    const before = await generations();
+
+    const oldMaster = (await sentinels.masterPort()) ?? 0;
+    expect(oldMaster).toBe(sentinels.dataPorts[0]);
+    // Two pods submitted just before the kill: their setup runs through the failover.
+    const setup = [uid(), uid()];
+    for (const [i, u] of setup.entries()) {
+      await submitPod(site, u, `sentinel-setup-${i}`, `${15610 + i}:127.0.0.1:${site.echo.port}`, 'sleep 600\n');
+    }
+    const killedAt = Date.now();
+    await sentinels.kill(oldMaster);
+    const promoted = await waitFor(
+      'a replica promoted',
+      async () => {
+        const port = await sentinels.masterPort();
+        return port !== undefined && port !== oldMaster ? port : undefined;
+      },
+      30_000,
+    );
+    const promotedAt = Date.now();
+    const everyone = [...uids, ...setup];
+    const recovered = await waitFor(
+      'every pod active, the active ones through again',
+      async () => {
+        const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8').catch(() => '')));
+        return texts.every((t) => oksAfter(t, promotedAt) > 0) && (await allActive(deps, everyone))
+          ? Date.now()
+          : undefined;
+      },
+      120_000,
+    ).catch(async (err: Error) => {
+      throw new Error(
+        `${err.message}\n${await timelines(deps, everyone)}\ncontrol log: ${control.log().slice(-2000)}\nhost log: ${host.log().slice(-2000)}`,
+      );
+    });
+    const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8')));
+    const failsDuring = texts.map((t) => failsAfter(t, killedAt));
+    console.log(
+      `master ${oldMaster} killed: replica ${promoted} promoted ${promotedAt - killedAt} ms after; every pod active (2 in setup) ${recovered - killedAt} ms after the kill; failed probes per active pod: ${failsDuring.join(', ')}\n${await timelines(deps, everyone)}`,
+    );
+    // The tunnels never needed Redis: nothing failed, no shadow was replaced, one lease per pod.
+    expect(failsDuring).toEqual(active.map(() => 0));
+    expect(await generations()).toEqual(before);
+    expect((await deps.leases.list()).leases).toHaveLength(everyone.length);
+
+    // The old master comes back (empty): the sentinels make it a replica of the new master.
+    await sentinels.restart(oldMaster);
+    await waitFor(
+      'the old master a replica',
+      async () => ((await sentinels.role(oldMaster)) === 'slave' ? true : undefined),
+      30_000,
+    );
+    expect(await sentinels.masterPort()).toBe(promoted);
+    const after = uid();
+    await submitPod(site, after, 'sentinel-after', `15620:127.0.0.1:${site.echo.port}`, 'sleep 600\n');
+    await waitFor('a pod submitted after it active', () => allActive(deps, [after]), 90_000);
+    expect(await allActive(deps, everyone)).toBe(true);
+    expect(control.child.exitCode).toBeNull();
+    expect(host.child.exitCode).toBeNull();
+  }, 360_000);
+});
