@@ -15,7 +15,8 @@
  * Shadows start in waves (the single login connection must not get more exec channels at once than the
  * login sshd's MaxSessions). `warm` shadows are established first and the baseline heap taken after them
  * (one-time costs: the login connection, ssh2's crypto, BullMQ's worker), then N more; after `idle-ms`
- * of idling (keepalives, socket checks, lease renewals) heapUsed is read after global.gc().
+ * of idling (keepalives, socket checks, lease renewals) the heap of every thread (this one and the session
+ * host's tunnel threads) is read after full GCs.
  * Every forward's socket is checked on the node. Prints `RESULT <json>` and cleans up after itself.
  */
 
@@ -68,10 +69,28 @@ const URL_ = values.redis ?? 'redis://127.0.0.1:6379/9';
 const gc = (globalThis as { gc?: () => void }).gc;
 if (!gc) throw new Error('run with node --expose-gc');
 
-function heapNow(): { heapUsed: number; rss: number; external: number; arrayBuffers: number } {
+/**
+ * The heap of every thread after full GCs: this one's and, in session mode, the session host's tunnel
+ * threads', where the carriers and forwards live (they run with this process's --expose-gc).
+ */
+async function heapNow(): Promise<{
+  heapUsed: number;
+  threadsHeapUsed: number;
+  rss: number;
+  external: number;
+  arrayBuffers: number;
+}> {
   for (let i = 0; i < 4; i += 1) gc?.();
+  const threads = (await fleet?.session?.tunnelHeapUsed(true)) ?? [];
+  const threadsHeapUsed = threads.reduce((a, b) => a + b, 0);
   const m = process.memoryUsage();
-  return { heapUsed: m.heapUsed, rss: m.rss, external: m.external, arrayBuffers: m.arrayBuffers };
+  return {
+    heapUsed: m.heapUsed + threadsHeapUsed,
+    threadsHeapUsed,
+    rss: m.rss,
+    external: m.external,
+    arrayBuffers: m.arrayBuffers,
+  };
 }
 
 /** MemAvailable of the machine (bytes): what the node side (sshd, relay, slurmstepd) costs shows here. */
@@ -361,7 +380,7 @@ const warmUids = uids.slice(0, WARM);
 const mainUids = uids.slice(WARM);
 await inWaves(warmUids);
 await sleep(3_000);
-const before = heapNow();
+const before = await heapNow();
 const memBefore = memAvailable();
 const pssBefore = carrierPssKiB();
 const rpcsBefore = await slurmJobRpcs();
@@ -369,14 +388,14 @@ await inWaves(mainUids);
 const rpcsAfter = await slurmJobRpcs();
 say(`shadows(${MODE}): idling ${IDLE_MS} ms`);
 await sleep(IDLE_MS);
-const after = heapNow();
+const after = await heapNow();
 const memAfter = memAvailable();
 const pssAfter = carrierPssKiB();
 const sockets = await socketsPresent(mainUids);
 const expectedSockets = mainUids.length * 2;
 // Once more a little later: a steady heap, not one caught mid-allocation.
 await sleep(5_000);
-const later = heapNow();
+const later = await heapNow();
 
 const result = {
   mode: MODE,
@@ -394,6 +413,8 @@ const result = {
   heapLater: later.heapUsed,
   heapPerShadowKiB: (after.heapUsed - before.heapUsed) / 1024 / Math.max(1, N - failures.length),
   heapPerShadowLaterKiB: (later.heapUsed - before.heapUsed) / 1024 / Math.max(1, N - failures.length),
+  /** Of heapPerShadowKiB, what the tunnel threads hold (session mode). */
+  threadsHeapPerShadowKiB: (after.threadsHeapUsed - before.threadsHeapUsed) / 1024 / Math.max(1, N - failures.length),
   externalPerShadowKiB: (after.external - before.external) / 1024 / Math.max(1, N),
   rssPerShadowKiB: (after.rss - before.rss) / 1024 / Math.max(1, N),
   machineMemPerShadowMiB: (memBefore - memAfter) / 1024 / 1024 / Math.max(1, N),

@@ -13,7 +13,9 @@
  *   experiments  the same end-to-end run with src's ControlWorker at other settings (bench/control-worker-variant.ts):
  *                concurrency 32/16, 128/64 (the default), 256/128, and ioredis auto-pipelining; 1 and 2 processes.
  *   shadows      heap per idle shadow on the loopback site (bench/control-shadows.ts, in a child with
- *                --expose-gc), BENCH_SHADOWS shadows (100) in each of BENCH_SHADOW_MODES (session,raw).
+ *                --expose-gc), BENCH_SHADOWS shadows (100) in each of BENCH_SHADOW_MODES (session,raw), after
+ *                BENCH_SHADOW_WARM (10) warm ones, read after BENCH_SHADOW_IDLE_MS (15000) of idling; the
+ *                heap of every thread (the session host's tunnel threads hold the carriers).
  *
  * Other settings: BENCH_REPEAT (3) runs of each end-to-end configuration (median and best are reported);
  * BENCH_EXP_REPEAT (2) runs of each experiment; BENCH_QUIET (30): seconds to wait, before each run, for the
@@ -58,6 +60,9 @@ const PARTS = new Set(
 );
 const SHADOWS = Number(process.env.BENCH_SHADOWS ?? 100);
 const SHADOW_MODES = (process.env.BENCH_SHADOW_MODES ?? 'session,raw').split(',').map((m) => m.trim());
+/** Shadows established before the baseline heap is read (one-time costs), and the idling before the reading. */
+const SHADOW_WARM = Number(process.env.BENCH_SHADOW_WARM ?? 10);
+const SHADOW_IDLE_MS = Number(process.env.BENCH_SHADOW_IDLE_MS ?? 15_000);
 
 interface Experiment {
   name: string;
@@ -441,7 +446,8 @@ try {
             'failed',
             'restarted',
             'sockets',
-            'heap KiB/shadow',
+            'heap KiB/shadow (all threads)',
+            'in tunnel threads',
             '+5 s',
             'external KiB',
             'node carrier PSS KiB',
@@ -457,6 +463,7 @@ try {
               String(x.retries),
               `${x.sockets}/${x.expectedSockets}`,
               fmt(Number(x.heapPerShadowKiB), 1),
+              fmt(Number(x.threadsHeapPerShadowKiB ?? 0), 1),
               fmt(Number(x.heapPerShadowLaterKiB), 1),
               fmt(Number(x.externalPerShadowKiB), 1),
               fmt(Number(x.nodeCarrierPssPerShadowKiB)),
@@ -465,7 +472,7 @@ try {
             ];
           }),
         ],
-        [false, true, true, true, true, true, true, true, true, true, true],
+        [false, true, true, true, true, true, true, true, true, true, true, true],
       ),
     );
   }
@@ -482,7 +489,7 @@ try {
  * put back as it was afterwards; every job the child submitted is cancelled even if it crashes.
  */
 async function idleShadows(mode: string): Promise<unknown> {
-  const warm = 10;
+  const warm = SHADOW_WARM;
   const restore = await oversubscribe(SHADOWS + warm);
   const jobsFile = join(workDir, `shadow-jobs-${mode}.txt`);
   const run = runPrefix();
@@ -504,6 +511,8 @@ async function idleShadows(mode: string): Promise<unknown> {
         String(SHADOWS),
         '--warm',
         String(warm),
+        '--idle-ms',
+        String(SHADOW_IDLE_MS),
         '--jobs-file',
         jobsFile,
         '--run',

@@ -65,14 +65,17 @@ export type ToThread =
   /** stderr of an exec pipe (what the user-space sshd says when it does not start). */
   | { type: 'stderr'; pipe: string; data: Uint8Array }
   /** The fleet's own addresses changed (ServiceDirectory.fleetAddresses). */
-  | { type: 'fleet-addresses'; addresses: string[] };
+  | { type: 'fleet-addresses'; addresses: string[] }
+  /** How much heap the thread uses; `collect`: after a full GC, where the process exposes gc (benches). */
+  | { type: 'heap'; call: number; collect: boolean };
 
 export type FromThread =
   | { type: 'ready' }
   | { type: 'phase'; id: string; phase: ShadowPhase }
   | { type: 'end'; id: string; end: ShadowEnd }
   | { type: 'log'; id: string; level: 'info' | 'warn'; message: string; detail?: Record<string, unknown> }
-  | { type: 'call'; call: number; request: HopCall };
+  | { type: 'call'; call: number; request: HopCall }
+  | { type: 'heap'; call: number; usedBytes: number };
 
 export interface TunnelThreadData {
   /** Where a thread connects for its byte pipes (a unix socket in a 0700 directory of the session host). */

@@ -5,6 +5,7 @@
  * the login connection's encryption stays on the session host's. Started by tunnel-threads.ts only.
  */
 import { PassThrough } from 'node:stream';
+import { getHeapStatistics } from 'node:v8';
 import { parentPort, workerData } from 'node:worker_threads';
 import type { CarrierSite } from './carrier.js';
 import { connectHopPipe } from './hop-pipes.js';
@@ -203,6 +204,12 @@ port.on('message', (message: ToThread) => {
     case 'fleet-addresses':
       fleetAddresses = new Set(message.addresses);
       return;
+    case 'heap': {
+      const gc = (globalThis as { gc?: () => void }).gc;
+      if (message.collect && gc) for (let i = 0; i < 4; i += 1) gc();
+      post({ type: 'heap', call: message.call, usedBytes: getHeapStatistics().used_heap_size });
+      return;
+    }
   }
 });
 

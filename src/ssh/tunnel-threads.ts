@@ -58,6 +58,8 @@ class TunnelThread {
   readonly ready: Promise<void>;
   exited = false;
   private stopping = false;
+  private readonly heapAsks = new Map<number, (usedBytes: number) => void>();
+  private nextHeapAsk = 1;
 
   constructor(
     readonly index: number,
@@ -240,9 +242,23 @@ class TunnelThread {
       case 'end':
         this.finish(message.id, message.end);
         return;
+      case 'heap':
+        this.heapAsks.get(message.call)?.(message.usedBytes);
+        this.heapAsks.delete(message.call);
+        return;
       case 'ready':
         return;
     }
+  }
+
+  /** The thread's V8 heap in use (bytes); 0 when it has exited. */
+  heapUsed(collect: boolean): Promise<number> {
+    if (this.exited) return Promise.resolve(0);
+    const call = this.nextHeapAsk++;
+    return new Promise((resolve) => {
+      this.heapAsks.set(call, resolve);
+      this.send({ type: 'heap', call, collect });
+    });
   }
 }
 
@@ -308,6 +324,14 @@ export class TunnelThreads {
   /** Shadows held, per thread (for status and tests). */
   get loads(): number[] {
     return this.threads.map((t) => t.held.size);
+  }
+
+  /**
+   * Each thread's V8 heap in use (bytes): the shadows' carriers and forwards live there, not on the
+   * session host's own thread. `collect`: after full GCs, where the process runs with --expose-gc.
+   */
+  heapUsed(collect = false): Promise<number[]> {
+    return Promise.all(this.threads.map((t) => t.heapUsed(collect)));
   }
 
   /** Login leases the threads hold (each shadow holds one from SHADOW_UP to its end). */

@@ -165,6 +165,11 @@ export class SessionHost {
     return this.sessions.size;
   }
 
+  /** The V8 heap its tunnel threads use (bytes, one per thread; none with TunnelThreads 0). */
+  tunnelHeapUsed(collect = false): Promise<number[]> {
+    return this.tunnels?.heapUsed(collect) ?? Promise.resolve([]);
+  }
+
   /**
    * Stops taking shadows and hands the ones it holds back: each session closes (its sockets go), its
    * lease is released and its job returns to the queue for another host.
