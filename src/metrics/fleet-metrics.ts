@@ -1,11 +1,15 @@
-import { Counter, collectDefaultMetrics, Gauge, Registry } from 'prom-client';
+import { Counter, collectDefaultMetrics, Gauge } from 'prom-client';
+import { registry } from './registry.js';
+// The data plane's metrics (per endpoint) are the fleet's too: registered wherever these are.
+import './data-plane-metrics.js';
+
+export { registry };
 
 /**
  * The fleet member's Prometheus metrics (`GET /metrics` on `--health-port`). One set per process: a
  * process runs one fleet member, and the pieces that count (the Slurm job lookup, the session host, the
  * control worker) are reached from places that do not share other state.
  */
-export const registry = new Registry();
 collectDefaultMetrics({ register: registry, prefix: 'backhaul_' });
 
 export const transitions = new Counter({

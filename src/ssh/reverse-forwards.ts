@@ -2,6 +2,7 @@ import type { Socket } from 'node:net';
 import { type Duplex, pipeline } from 'node:stream';
 import type { AcceptConnection, Channel, Client, RejectConnection, UNIXConnectionDetails } from 'ssh2';
 import { setChannelWindow, type WindowGrant } from './channel-window.js';
+import { type DialFailure, dataPlane } from './data-plane-meter.js';
 import { type EndpointDialer, EndpointRefusedError } from './endpoint-dial.js';
 import { SessionError } from './session-error.js';
 
@@ -135,11 +136,21 @@ export class ReverseForwards {
       target.socks.serve(this.acceptWithWindow(accept));
       return;
     }
+    const dialedAt = performance.now();
     const socket = this.options.dialer.dial(target.dialHost, target.port);
     socket.setTimeout(this.options.connectTimeoutMs ?? 10_000);
-    const fail = (err: Error) => {
+    const fail = (err: Error, timedOut = false) => {
       this.stats.refused += 1;
       const refused = err instanceof EndpointRefusedError;
+      const code = (err as NodeJS.ErrnoException).code;
+      const reason: DialFailure = refused
+        ? 'policy'
+        : timedOut
+          ? 'timeout'
+          : code === 'ECONNREFUSED'
+            ? 'refused'
+            : 'unreachable';
+      dataPlane.failed(target.dialHost, reason);
       this.log.warn(refused ? 'endpoint refused by the endpoint policy' : 'endpoint unreachable', {
         endpoint: `${target.dialHost}:${target.port}`,
         error: err.message,
@@ -148,11 +159,12 @@ export class ReverseForwards {
       reject();
     };
     socket.once('error', fail);
-    socket.once('timeout', () => fail(new Error('connect timed out')));
+    socket.once('timeout', () => fail(new Error('connect timed out'), true));
     socket.once('connect', () => {
       socket.removeListener('error', fail);
       socket.setTimeout(0);
       this.stats.connections += 1;
+      dataPlane.opened(target.dialHost, socket, (performance.now() - dialedAt) / 1000);
       this.open.add(socket);
       const channel = this.acceptWithWindow(accept);
       const done = () => {

@@ -1,3 +1,4 @@
+import type { EndpointDelta } from '../metrics/data-plane-metrics.js';
 import type { RunOptions } from './login-hop.js';
 import type { ExecResult } from './remote-exec.js';
 import type { ServiceAnswer } from './service-directory.js';
@@ -75,7 +76,9 @@ export type FromThread =
   | { type: 'end'; id: string; end: ShadowEnd }
   | { type: 'log'; id: string; level: 'info' | 'warn'; message: string; detail?: Record<string, unknown> }
   | { type: 'call'; call: number; request: HopCall }
-  | { type: 'heap'; call: number; usedBytes: number };
+  | { type: 'heap'; call: number; usedBytes: number }
+  /** What the thread's forwarded connections did since the last report (data-plane-meter.ts). */
+  | { type: 'metrics'; deltas: EndpointDelta[] };
 
 export interface TunnelThreadData {
   /** Where a thread connects for its byte pipes (a unix socket in a 0700 directory of the session host). */

@@ -8,6 +8,7 @@ import { PassThrough } from 'node:stream';
 import { getHeapStatistics } from 'node:v8';
 import { parentPort, workerData } from 'node:worker_threads';
 import type { CarrierSite } from './carrier.js';
+import { DATA_PLANE_REPORT_MS, dataPlane } from './data-plane-meter.js';
 import { connectHopPipe } from './hop-pipes.js';
 import type { ExecStream, LoginHop, LoginHopLease, LoginHops } from './login-hop.js';
 import type { ExecResult } from './remote-exec.js';
@@ -212,5 +213,11 @@ port.on('message', (message: ToThread) => {
     }
   }
 });
+
+// The forwards' counts go to the session host's registry every couple of seconds.
+setInterval(() => {
+  const deltas = dataPlane.flush();
+  if (deltas.length > 0) post({ type: 'metrics', deltas });
+}, DATA_PLANE_REPORT_MS).unref();
 
 post({ type: 'ready' });

@@ -1,5 +1,6 @@
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
+import { applyDataPlane } from '../metrics/data-plane-metrics.js';
 import { HopPipeServer } from './hop-pipes.js';
 import type { LoginHops } from './login-hop.js';
 import { LoginHopService } from './login-hop-service.js';
@@ -241,6 +242,9 @@ class TunnelThread {
       }
       case 'end':
         this.finish(message.id, message.end);
+        return;
+      case 'metrics':
+        applyDataPlane(message.deltas);
         return;
       case 'heap':
         this.heapAsks.get(message.call)?.(message.usedBytes);

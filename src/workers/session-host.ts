@@ -3,6 +3,7 @@ import { type Job, WaitingError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { type PodEvent, stateHasTag } from '../machines/pod-machine.js';
 import { jobStateName } from '../machines/pod-schema.js';
+import { reportDataPlane } from '../metrics/data-plane-metrics.js';
 import {
   jobsEndedWithoutTrap,
   reportTunnelLoads,
@@ -17,6 +18,7 @@ import { siteIsolation } from '../site/doctor/isolation-check.js';
 import { carrierMode } from '../spec/carrier-mode.js';
 import { CarrierSlots } from '../ssh/carrier-slots.js';
 import { sshCryptoPath } from '../ssh/crypto-path.js';
+import { dataPlane } from '../ssh/data-plane-meter.js';
 import { dialRulesOf } from '../ssh/endpoint-dial.js';
 import { NO_CLUSTER_DIRECTORY, type ServiceDirectory } from '../ssh/service-directory.js';
 import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
@@ -141,6 +143,8 @@ export class SessionHost {
           )
         : undefined;
     if (tunnels) reportTunnelLoads(() => tunnels.loads);
+    // Shadows on this thread (TunnelThreads 0) meter here; tunnel threads send theirs.
+    reportDataPlane(() => dataPlane.flush());
     if (tunnels && !process.execArgv.includes('--single-threaded-gc')) {
       deps.log.info(
         { hint: 'node --single-threaded-gc bin/backhaul.js worker ...' },

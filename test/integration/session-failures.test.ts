@@ -4,7 +4,10 @@ import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import ssh2 from 'ssh2';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { applyDataPlane } from '../../src/metrics/data-plane-metrics.js';
+import { registry } from '../../src/metrics/fleet-metrics.js';
 import { bindAddress } from '../../src/spec/derivations.js';
+import { dataPlane } from '../../src/ssh/data-plane-meter.js';
 import { openSiteAccess } from '../../src/ssh/site-access.js';
 import {
   echoServer,
@@ -269,6 +272,8 @@ sleep 30
       { EndpointPolicy: {}, HostAliases: { 'minio.user.svc.cluster.local': '127.0.0.1' } },
     );
     let dialled = 0;
+    // The data plane's meter on this thread, emptied first (earlier tests' connections).
+    dataPlane.flush();
     const target = await nameServer('fleet-loopback');
     target.server.on('connection', () => {
       dialled += 1;
@@ -307,6 +312,13 @@ PYEOF
     expect(dialled).toBe(0);
     expect(warnings).toContain('endpoint refused by the endpoint policy');
     expect(warnings).toContain('socks target refused by the endpoint policy');
+    // The refusal is a dial failure of that Service, reason policy, in /metrics.
+    applyDataPlane(dataPlane.flush());
+    const failures = (await registry.getSingleMetric('backhaul_forward_dial_failures_total')?.get())?.values ?? [];
+    expect(
+      failures.filter((v) => v.labels.namespace === 'user' && v.labels.service === 'minio'),
+      JSON.stringify(failures),
+    ).toEqual([expect.objectContaining({ value: 1, labels: expect.objectContaining({ reason: 'policy' }) })]);
     await session.close('done');
   }, 90_000);
 });

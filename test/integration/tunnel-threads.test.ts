@@ -2,6 +2,7 @@ import { readFile, rm, stat } from 'node:fs/promises';
 import type { Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { registry } from '../../src/metrics/fleet-metrics.js';
 import { dialRulesOf } from '../../src/ssh/endpoint-dial.js';
 import type { ShadowEnd, ShadowPhase } from '../../src/ssh/shadow-session.js';
 import { TunnelThreads } from '../../src/ssh/tunnel-threads.js';
@@ -77,7 +78,25 @@ describe.each([
     return { shadow, phases, warnings, ended };
   }
 
-  it('carries 100 MiB both ways byte-identical for a client in the job, and ends with the job', async () => {
+  /** A metric's value for the echo endpoint (namespace "", service 127.0.0.1), summed over other labels. */
+  async function endpointMetric(name: string, extra: Record<string, string> = {}, sample = name): Promise<number> {
+    const metric = registry.getSingleMetric(name);
+    const values = metric ? (await metric.get()).values : [];
+    return values
+      .filter(
+        (v) =>
+          ((v as { metricName?: string }).metricName ?? name) === sample &&
+          v.labels.service === '127.0.0.1' &&
+          Object.entries(extra).every(([k, want]) => String(v.labels[k as keyof typeof v.labels]) === want),
+      )
+      .reduce((n, v) => n + v.value, 0);
+  }
+
+  it('carries 100 MiB both ways byte-identical for a client in the job, and ends with the job; /metrics counts every byte', async () => {
+    const bytesBefore = await Promise.all(
+      ['to_service', 'from_service'].map((direction) => endpointMetric('backhaul_forward_bytes_total', { direction })),
+    );
+    const connectionsBefore = await endpointMetric('backhaul_forward_connections_total');
     const podUid = uid();
     const plan = planFor(h, podUid, `15000:127.0.0.1:${echo.port}`);
     expect(plan.carrier.mode).toBe(mode);
@@ -105,6 +124,27 @@ describe.each([
     expect((await ended).type).toBe('JOB_ENDED');
     expect(await exists(plan.socketDir)).toBe(false);
     await waitFor('login lease given back', () => (threads.loginLeases === 0 ? true : undefined), 5_000);
+    // The thread's meter reports every couple of seconds: the bytes the workload moved, each way, once.
+    const moved = (mode === 'srun' ? 4 : 100) * MiB;
+    const counted = async () =>
+      Promise.all(
+        ['to_service', 'from_service'].map(
+          async (direction, i) =>
+            (await endpointMetric('backhaul_forward_bytes_total', { direction })) - (bytesBefore[i] ?? 0),
+        ),
+      );
+    await waitFor(
+      'the bytes counted in /metrics',
+      async () => ((await counted()).every((n) => n === moved) ? true : undefined),
+      10_000,
+    ).catch(async (err: Error) => {
+      throw new Error(`${err.message}: counted ${JSON.stringify(await counted())} of ${moved} each way`);
+    });
+    expect((await endpointMetric('backhaul_forward_connections_total')) - connectionsBefore).toBe(1);
+    expect(await endpointMetric('backhaul_forward_connections_open')).toBe(0);
+    expect(
+      await endpointMetric('backhaul_forward_connect_seconds', {}, 'backhaul_forward_connect_seconds_count'),
+    ).toBeGreaterThan(0);
   }, 180_000);
 
   it('close() ends the shadow in its thread: no socket, no carrier step or process; the job goes on', async () => {

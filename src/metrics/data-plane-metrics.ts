@@ -1,0 +1,84 @@
+import { Counter, Gauge, Histogram } from 'prom-client';
+import { registry } from './registry.js';
+
+/**
+ * The data plane's metrics: per endpoint (namespace and Service; a host or address outside the
+ * cluster has namespace ""), never per pod. Fed with the deltas each thread's meter collects
+ * (src/ssh/data-plane-meter.ts): "is the tunnel slow, or the service?".
+ */
+
+export type DialFailure = 'policy' | 'refused' | 'timeout' | 'unreachable';
+export const DIAL_FAILURES: readonly DialFailure[] = ['policy', 'refused', 'timeout', 'unreachable'];
+
+export interface EndpointLabels {
+  namespace: string;
+  service: string;
+}
+
+export interface EndpointDelta extends EndpointLabels {
+  toService: number;
+  fromService: number;
+  opened: number;
+  closed: number;
+  failures: Partial<Record<DialFailure, number>>;
+  /** Seconds from the dial to the endpoint's connect, one per connection opened. */
+  connectSeconds: number[];
+}
+
+/** The session host's own thread's meter, read when scraped (tunnel threads send theirs). */
+let ownDeltas: () => EndpointDelta[] = () => [];
+export function reportDataPlane(source: () => EndpointDelta[]): void {
+  ownDeltas = source;
+}
+
+const forwardBytes = new Counter({
+  name: 'backhaul_forward_bytes_total',
+  help: 'Bytes carried by forwarded connections, by endpoint and direction (to_service: from the job to the endpoint).',
+  labelNames: ['namespace', 'service', 'direction'] as const,
+  registers: [registry],
+  collect() {
+    applyDataPlane(ownDeltas());
+  },
+});
+
+const forwardConnections = new Counter({
+  name: 'backhaul_forward_connections_total',
+  help: 'Forwarded connections that reached their endpoint.',
+  labelNames: ['namespace', 'service'] as const,
+  registers: [registry],
+});
+
+const forwardOpen = new Gauge({
+  name: 'backhaul_forward_connections_open',
+  help: 'Forwarded connections open now, by endpoint.',
+  labelNames: ['namespace', 'service'] as const,
+  registers: [registry],
+});
+
+const dialFailures = new Counter({
+  name: 'backhaul_forward_dial_failures_total',
+  help: 'Connections from a job that did not reach their endpoint: refused by the endpoint policy, refused by the endpoint, timed out, or unreachable.',
+  labelNames: ['namespace', 'service', 'reason'] as const,
+  registers: [registry],
+});
+
+const connectSeconds = new Histogram({
+  name: 'backhaul_forward_connect_seconds',
+  help: "Time from a job's connection to the endpoint's answer (the fleet's dial), by endpoint.",
+  labelNames: ['namespace', 'service'] as const,
+  buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5],
+  registers: [registry],
+});
+
+/** Adds one thread's deltas to the process's metrics. */
+export function applyDataPlane(deltas: readonly EndpointDelta[]): void {
+  for (const d of deltas) {
+    const labels = { namespace: d.namespace, service: d.service };
+    if (d.toService > 0) forwardBytes.inc({ ...labels, direction: 'to_service' }, d.toService);
+    if (d.fromService > 0) forwardBytes.inc({ ...labels, direction: 'from_service' }, d.fromService);
+    if (d.opened > 0) forwardConnections.inc(labels, d.opened);
+    if (d.opened !== d.closed) forwardOpen.inc(labels, d.opened - d.closed);
+    for (const [reason, n] of Object.entries(d.failures)) if (n) dialFailures.inc({ ...labels, reason }, n);
+    for (const s of d.connectSeconds) connectSeconds.observe(labels, s);
+  }
+}

@@ -1,0 +1,84 @@
+import type { Socket } from 'node:net';
+import type { DialFailure, EndpointDelta, EndpointLabels } from '../metrics/data-plane-metrics.js';
+
+export type { DialFailure } from '../metrics/data-plane-metrics.js';
+
+/**
+ * What the forwarded connections of one thread did, counted per endpoint (namespace and Service, never
+ * per pod: the number of series stays that of the cluster's Services). Each thread meters its own
+ * connections; the deltas go to the process's Prometheus registry (src/metrics/fleet-metrics.ts): at
+ * scrape time from the session host's own thread, every couple of seconds from each tunnel thread.
+ */
+
+/** A Service's namespace and name from its cluster name (name.namespace.svc.<domain>); else the host as it is. */
+export function endpointLabels(host: string): EndpointLabels {
+  const m = /^([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.|$)/i.exec(host);
+  return m?.[1] && m[2] ? { namespace: m[2], service: m[1] } : { namespace: '', service: host };
+}
+
+interface Tracked {
+  key: string;
+  socket: Socket;
+  written: number;
+  read: number;
+}
+
+export class DataPlaneMeter {
+  private deltas = new Map<string, EndpointDelta>();
+  private readonly open = new Set<Tracked>();
+
+  private entry(labels: EndpointLabels): EndpointDelta {
+    const key = `${labels.namespace}\u0000${labels.service}`;
+    let d = this.deltas.get(key);
+    if (!d) {
+      d = { ...labels, toService: 0, fromService: 0, opened: 0, closed: 0, failures: {}, connectSeconds: [] };
+      this.deltas.set(key, d);
+    }
+    return d;
+  }
+
+  /** A connection to the endpoint at HOST is up after CONNECTSECONDS; its bytes are counted until it closes. */
+  opened(host: string, socket: Socket, connectSeconds: number): void {
+    const labels = endpointLabels(host);
+    const d = this.entry(labels);
+    d.opened += 1;
+    d.connectSeconds.push(connectSeconds);
+    const tracked: Tracked = { key: host, socket, written: 0, read: 0 };
+    this.open.add(tracked);
+    socket.once('close', () => {
+      this.sample(tracked);
+      this.open.delete(tracked);
+      this.entry(labels).closed += 1;
+    });
+  }
+
+  failed(host: string, reason: DialFailure): void {
+    const d = this.entry(endpointLabels(host));
+    d.failures[reason] = (d.failures[reason] ?? 0) + 1;
+  }
+
+  private sample(t: Tracked): void {
+    const written = t.socket.bytesWritten;
+    const read = t.socket.bytesRead;
+    if (written === t.written && read === t.read) return;
+    const d = this.entry(endpointLabels(t.key));
+    d.toService += written - t.written;
+    d.fromService += read - t.read;
+    t.written = written;
+    t.read = read;
+  }
+
+  /** What happened since the last call (open connections' bytes included); empty when nothing did. */
+  flush(): EndpointDelta[] {
+    for (const t of this.open) this.sample(t);
+    const out = [...this.deltas.values()];
+    this.deltas = new Map();
+    return out;
+  }
+}
+
+/** How often a tunnel thread sends its meter's deltas to the session host. */
+export const DATA_PLANE_REPORT_MS = 2_000;
+
+/** This thread's meter (a module instance per thread). */
+export const dataPlane = new DataPlaneMeter();
