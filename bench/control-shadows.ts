@@ -21,7 +21,7 @@
  */
 
 import { execFile } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm, stat } from 'node:fs/promises';
 import { freemem, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -74,6 +74,8 @@ if (!gc) throw new Error('run with node --expose-gc');
  * threads', where the carriers and forwards live (they run with this process's --expose-gc).
  */
 async function heapNow(): Promise<{
+  /** Open file descriptors of the whole process (every thread's sockets). */
+  fds: number;
   heapUsed: number;
   threadsHeapUsed: number;
   rss: number;
@@ -85,6 +87,7 @@ async function heapNow(): Promise<{
   const threadsHeapUsed = threads.reduce((a, b) => a + b, 0);
   const m = process.memoryUsage();
   return {
+    fds: readdirSync('/proc/self/fd').length,
     heapUsed: m.heapUsed + threadsHeapUsed,
     threadsHeapUsed,
     rss: m.rss,
@@ -416,6 +419,7 @@ const result = {
   /** Of heapPerShadowKiB, what the tunnel threads hold (session mode). */
   threadsHeapPerShadowKiB: (after.threadsHeapUsed - before.threadsHeapUsed) / 1024 / Math.max(1, N - failures.length),
   externalPerShadowKiB: (after.external - before.external) / 1024 / Math.max(1, N),
+  fdsPerShadow: (after.fds - before.fds) / Math.max(1, N - failures.length),
   rssPerShadowKiB: (after.rss - before.rss) / 1024 / Math.max(1, N),
   machineMemPerShadowMiB: (memBefore - memAfter) / 1024 / 1024 / Math.max(1, N),
   nodeCarrierPssPerShadowKiB: (pssAfter - pssBefore) / Math.max(1, N),

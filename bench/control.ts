@@ -450,6 +450,7 @@ try {
             'in tunnel threads',
             '+5 s',
             'external KiB',
+            'fds/shadow',
             'node carrier PSS KiB',
             'slurmctld job RPCs',
             'vs aim',
@@ -466,13 +467,14 @@ try {
               fmt(Number(x.threadsHeapPerShadowKiB ?? 0), 1),
               fmt(Number(x.heapPerShadowLaterKiB), 1),
               fmt(Number(x.externalPerShadowKiB), 1),
+              fmt(Number(x.fdsPerShadow ?? 0), 1),
               fmt(Number(x.nodeCarrierPssPerShadowKiB)),
               String(x.slurmJobRpcs ?? ''),
               `${fmt((Number(x.heapPerShadowKiB) / AIM_HEAP_KIB) * 100)} %`,
             ];
           }),
         ],
-        [false, true, true, true, true, true, true, true, true, true, true, true],
+        [false, true, true, true, true, true, true, true, true, true, true, true, true],
       ),
     );
   }
