@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import { redisUrlHasPassword, redisUrlProblem } from '../spec/redis-url.js';
 import type { SiteConfig } from '../spec/site-config.js';
 import { CliError, EXIT } from './exit-codes.js';
 
@@ -38,7 +39,10 @@ export function redisTarget(
     );
   }
   const urlFrom = fromFlag !== undefined ? 'flag' : fromEnv !== undefined ? 'env' : 'config';
-  if (urlHasPassword(url)) return { url, urlFrom };
+  // The configuration's URL was checked when it was read; a flag's or the environment's is checked here.
+  const problem = urlFrom === 'config' ? '' : redisUrlProblem(url);
+  if (problem) throw new CliError(`${urlFrom === 'flag' ? '--redis' : 'REDIS_URL'}: ${problem}`, EXIT.usage);
+  if (redisUrlHasPassword(url)) return { url, urlFrom };
   const password =
     readPasswordFile(flags.redisPasswordFile, '--redis-password-file') ??
     (env.REDIS_PASSWORD || undefined) ??
@@ -49,16 +53,8 @@ export function redisTarget(
 
 /** The warning a command prints (or logs) when the password came in on its command line. */
 export function passwordOnCommandLine(target: RedisTarget): string | undefined {
-  if (target.urlFrom !== 'flag' || !urlHasPassword(target.url)) return undefined;
+  if (target.urlFrom !== 'flag' || !redisUrlHasPassword(target.url)) return undefined;
   return 'the --redis URL carries a password, which every user of this machine can read in ps: use REDIS_PASSWORD, REDIS_PASSWORD_FILE, --redis-password-file or Backhaul.Redis.PasswordFile instead';
-}
-
-function urlHasPassword(url: string): boolean {
-  try {
-    return new URL(url).password !== '';
-  } catch {
-    return /\/\/[^@/]*:[^@/]*@/.test(url);
-  }
 }
 
 /** A password file's first line (a Secret mounted as a file often ends in a newline). */

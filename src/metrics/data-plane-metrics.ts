@@ -8,7 +8,6 @@ import { registry } from './registry.js';
  */
 
 export type DialFailure = 'policy' | 'refused' | 'timeout' | 'unreachable';
-export const DIAL_FAILURES: readonly DialFailure[] = ['policy', 'refused', 'timeout', 'unreachable'];
 
 export interface EndpointLabels {
   namespace: string;
@@ -36,6 +35,7 @@ const forwardBytes = new Counter({
   help: 'Bytes carried by forwarded connections, by endpoint and direction (to_service: from the job to the endpoint).',
   labelNames: ['namespace', 'service', 'direction'] as const,
   registers: [registry],
+  // Registered first of these, so a scrape applies this thread's deltas before it reads the others.
   collect() {
     applyDataPlane(ownDeltas());
   },

@@ -26,7 +26,6 @@ export class RedisUrlError extends Error {}
 
 export interface ParsedRedisUrl {
   sentinel: boolean;
-  tls: boolean;
   options: RedisOptions;
   /** host:port of the server, or of every sentinel, for messages (no credentials). */
   where: string;
@@ -83,7 +82,6 @@ export function parseRedisUrl(url: string, env: NodeJS.ProcessEnv = process.env)
     const database = db(path[0]);
     return {
       sentinel,
-      tls,
       where: `${server.host}:${server.port}`,
       options: {
         host: server.host,
@@ -107,7 +105,6 @@ export function parseRedisUrl(url: string, env: NodeJS.ProcessEnv = process.env)
   const sentinelPassword = env.REDIS_SENTINEL_PASSWORD || undefined;
   return {
     sentinel,
-    tls,
     where: `${sentinels.map((s) => `${s.host}:${s.port}`).join(',')} (master ${name})`,
     options: {
       sentinels,

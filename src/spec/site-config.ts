@@ -2,7 +2,7 @@ import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { duration } from './duration.js';
 import { endpointPolicySchema } from './endpoint-policy.js';
-import { parseRedisUrl, redisUrlProblem } from './redis-url.js';
+import { redisUrlProblem } from './redis-url.js';
 import { SpecError } from './spec-error.js';
 
 /**
@@ -219,17 +219,10 @@ export const backhaulSchema = z.strictObject({
     .strictObject({
       URL: z
         .string()
-        .refine(
-          (url) => {
-            try {
-              parseRedisUrl(url, {});
-              return true;
-            } catch {
-              return false;
-            }
-          },
-          { error: (issue) => redisUrlProblem(String(issue.input)) },
-        )
+        .superRefine((url, ctx) => {
+          const problem = redisUrlProblem(url);
+          if (problem) ctx.addIssue({ code: 'custom', message: problem });
+        })
         .default('redis://127.0.0.1:6379')
         .describe(
           "The fleet's Redis: redis://[user@]host[:port][/db], rediss:// (TLS), or redis+sentinel://host[:port][,host[:port]…]/master[/db] (rediss+sentinel:// for TLS): the sentinels, and the name of the master they monitor; the fleet follows a failover. A user name may be in it, the password better not (the ConfigMap is readable): REDIS_PASSWORD or PasswordFile, and REDIS_SENTINEL_PASSWORD for sentinels that require one. REDIS_URL overrides it.",

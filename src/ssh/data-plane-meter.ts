@@ -17,7 +17,7 @@ export function endpointLabels(host: string): EndpointLabels {
 }
 
 interface Tracked {
-  key: string;
+  labels: EndpointLabels;
   socket: Socket;
   written: number;
   read: number;
@@ -43,7 +43,7 @@ export class DataPlaneMeter {
     const d = this.entry(labels);
     d.opened += 1;
     d.connectSeconds.push(connectSeconds);
-    const tracked: Tracked = { key: host, socket, written: 0, read: 0 };
+    const tracked: Tracked = { labels, socket, written: 0, read: 0 };
     this.open.add(tracked);
     socket.once('close', () => {
       this.sample(tracked);
@@ -61,7 +61,7 @@ export class DataPlaneMeter {
     const written = t.socket.bytesWritten;
     const read = t.socket.bytesRead;
     if (written === t.written && read === t.read) return;
-    const d = this.entry(endpointLabels(t.key));
+    const d = this.entry(t.labels);
     d.toService += written - t.written;
     d.fromService += read - t.read;
     t.written = written;

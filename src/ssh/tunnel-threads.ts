@@ -96,6 +96,8 @@ class TunnelThread {
     });
     this.worker.once('exit', (code) => {
       this.exited = true;
+      for (const answer of this.heapAsks.values()) answer(0);
+      this.heapAsks.clear();
       this.service.releaseAll();
       if (!this.stopping) this.onExit(this, `tunnel thread ${index} ${why} (exit code ${code})`);
     });

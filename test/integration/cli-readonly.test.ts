@@ -2,14 +2,13 @@ import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join, relative } from 'node:path';
-import type { V1Container } from '@kubernetes/client-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PodFollower } from '../../src/cli/pod-follow.js';
 import { silentLogger } from '../../src/log.js';
 import { type FleetDeps, fleetDeps, podReadDeps } from '../../src/pods/fleet-deps.js';
 import { controlOnlyConfig, drive, eventsUpTo } from '../fixtures/control-only.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
-import { renderOverlay, SITE_ADDRESSES } from '../fixtures/kustomize.js';
+import { containerOf, renderOverlay, SITE_ADDRESSES } from '../fixtures/kustomize.js';
 import { waitFor } from '../fixtures/shadow-harness.js';
 
 /**
@@ -92,19 +91,17 @@ describe('read-only commands', () => {
     // site configuration where the container mounts it (here in a temporary directory). No API server
     // runs here to exec into; everything the command gets from the pod is given as the pod gives it.
     const objects = renderOverlay('bundled-redis', SITE_ADDRESSES);
-    const fleetPod = objects.find((o) => o.kind === 'Deployment' && o.metadata.name === 'backhaul-fleet');
+    const container = containerOf(objects, 'backhaul-fleet');
     const site = objects.find((o) => o.kind === 'ConfigMap' && o.metadata.name === 'backhaul-site');
-    const container = (fleetPod?.spec as { template: { spec: { containers: V1Container[] } } }).template.spec
-      .containers[0];
     const dir = await mkdtemp(join(tmpdir(), 'bh-exec-'));
     try {
       const env: NodeJS.ProcessEnv = { PATH: process.env.PATH };
-      for (const e of container?.env ?? []) {
+      for (const e of container.env ?? []) {
         if (e.valueFrom?.secretKeyRef) {
           expect(e.valueFrom.secretKeyRef).toEqual({ name: 'backhaul-redis', key: 'url' });
           env[e.name] = redis.url;
         } else if (e.name === 'BACKHAUL_CONFIG') {
-          const mount = container?.volumeMounts?.find((m) => e.value?.startsWith(`${m.mountPath}/`));
+          const mount = container.volumeMounts?.find((m) => e.value?.startsWith(`${m.mountPath}/`));
           const file = join(dir, relative(mount?.mountPath ?? '/', e.value ?? ''));
           await writeFile(file, (site?.data as Record<string, string>)[basename(file)] ?? '');
           env[e.name] = file;

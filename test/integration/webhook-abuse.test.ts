@@ -2,22 +2,14 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connect, type TLSSocket } from 'node:tls';
-import type { V1Container } from '@kubernetes/client-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { podReview } from '../fixtures/admission-reviews.js';
-import { renderOverlay, SITE_ADDRESSES } from '../fixtures/kustomize.js';
+import { containerOf, renderOverlay, SITE_ADDRESSES } from '../fixtures/kustomize.js';
 import { freePort } from '../fixtures/sshd.js';
 import { makeCa, makeServerCert, type PemPair } from '../fixtures/test-pki.js';
 import { startWorker, type WorkerProcess, writeConfig } from '../fixtures/worker-process.js';
 
-const webhookContainer = (() => {
-  const objects = renderOverlay('bundled-redis', SITE_ADDRESSES);
-  const deployment = objects.find((o) => o.kind === 'Deployment' && o.metadata.name === 'backhaul-webhook');
-  const container = (deployment?.spec as { template: { spec: { containers: V1Container[] } } } | undefined)?.template
-    .spec.containers[0];
-  if (!container) throw new Error('no webhook container in the rendered overlay');
-  return container;
-})();
+const webhookContainer = containerOf(renderOverlay('bundled-redis', SITE_ADDRESSES), 'backhaul-webhook');
 
 /** The webhook pod's memory limit, as deploy/base/webhook.yaml sets it. */
 const POD_LIMIT_MIB = Number(/^(\d+)Mi$/.exec(String(webhookContainer.resources?.limits?.memory))?.[1]);

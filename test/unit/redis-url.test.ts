@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { redisTarget } from '../../src/cli/redis-target.js';
 import { parseRedisUrl, RedisUrlError, redisUrlHasPassword } from '../../src/spec/redis-url.js';
 import { parseSiteConfig } from '../../src/spec/site-config.js';
 
@@ -72,6 +73,16 @@ describe('Redis URLs: one server or a Sentinel set', () => {
     expect(ok.Backhaul.Redis.URL).toBe('redis+sentinel://s1,s2,s3/backhaul');
     expect(() => parseSiteConfig({ Network: { SSH }, Backhaul: { Redis: { URL: 'redis+sentinel://s1' } } })).toThrow(
       /Backhaul\.Redis\.URL.*master's name must follow the sentinels/,
+    );
+  });
+
+  it('a command refuses a bad --redis or REDIS_URL with usage, naming which', () => {
+    expect(() => redisTarget({ redis: 'redis+sentinel://s1' }, undefined, {})).toThrow(
+      /^--redis: the master's name must follow the sentinels/,
+    );
+    expect(() => redisTarget({}, undefined, { REDIS_URL: 'http://x' })).toThrow(/^REDIS_URL: not a Redis URL/);
+    expect(redisTarget({}, undefined, { REDIS_URL: 'redis+sentinel://s1,s2/bh' }).url).toBe(
+      'redis+sentinel://s1,s2/bh',
     );
   });
 });

@@ -3,6 +3,7 @@ import type { RunningFleet } from '../../fleet/fleet.js';
 import type { HealthServer } from '../../fleet/health.js';
 import { defaultHostId, ROLES, type Role } from '../../fleet/roles.js';
 import { createLogger } from '../../log.js';
+import { parseRedisUrl } from '../../spec/redis-url.js';
 import { createRedis } from '../../store/redis.js';
 import { type FleetOption, fleetOptions } from '../fleet-connection.js';
 import { loadSiteConfig } from '../inputs.js';
@@ -65,7 +66,8 @@ export function registerWorker(program: Command): void {
       ...(target.password === undefined ? {} : { password: target.password }),
       ...(webhookOnly ? { options: { lazyConnect: true } } : {}),
     });
-    redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error (retrying)'));
+    const redisAt = parseRedisUrl(target.url).where;
+    redis.on('error', (err) => log.warn({ redis: redisAt, err: err.message }, 'redis connection error (retrying)'));
     // Up before the fleet: /livez answers while start-up waits for Redis; /readyz says why it is not ready.
     let fleet: RunningFleet | undefined;
     let health: HealthServer | undefined;
