@@ -8,6 +8,7 @@ import { forwardsCondition } from '../render/pod-condition.js';
 import { ANNOTATION } from '../spec/annotations.js';
 import { CLUSTER_VERDICT, type ClusterVerdict, clusterChecksOn, formatVerdict } from '../spec/cluster-verdict.js';
 import type { KubernetesConfig } from '../spec/site-config.js';
+import { RedisEpoch, recoveryWindowMs } from '../store/redis-epoch.js';
 import { ClusterGate } from './cluster-gate.js';
 import type { EventRecorder } from './event-recorder.js';
 import { describeKubeError, kubeCall, statusCodeOf } from './kube-api.js';
@@ -37,6 +38,9 @@ export interface PodWatcherOptions extends PodInformerOptions {
 const REFUSED_BY_CLUSTER = 'refused-by-cluster';
 
 /** Deduplication ids of the events the watcher sends (no ':' — ARCHITECTURE.md §3.8). */
+/** How often the watch role looks whether Redis lost its data (one small Lua call). */
+const EPOCH_CHECK_MS = 2_000;
+
 export const watchEventIds = {
   upsert: (uid: string, resourceVersion: string) => `${uid}-upsert-${resourceVersion || 'x'}`,
   gone: (uid: string, event: GoneEvent) => `${uid}-${event.event === 'POD_DELETED' ? 'deleted' : 'teardown'}`,
@@ -63,6 +67,9 @@ export class PodWatcher {
   private chain: Promise<void> = Promise.resolve();
   private stopped = false;
   private resyncTimer: NodeJS.Timeout | undefined;
+  private epochTimer: NodeJS.Timeout | undefined;
+  /** Whether Redis lost its data (the pods' records with it): then the pods are told again at once. */
+  private readonly epoch: RedisEpoch;
   private reconciles = 0;
   private readonly resyncMs: number;
   /** Namespace label and NetworkPolicies (Backhaul.Kubernetes); none when the site turns both off. */
@@ -80,6 +87,7 @@ export class PodWatcher {
     this.scope = { virtualNodes: cfg.VirtualNodes };
     this.log = deps.log.child({ role: 'watch' });
     this.resyncMs = opts.resyncMs ?? cfg.ResyncInterval;
+    this.epoch = new RedisEpoch(deps.redis, deps.keys, recoveryWindowMs(deps.config.Backhaul.LeaseTTL));
     this.informer = new PodInformer(
       kubeConfig,
       cfg,
@@ -116,6 +124,22 @@ export class PodWatcher {
       if (this.synced) this.enqueue(() => this.reconcile());
     }, this.resyncMs);
     this.resyncTimer.unref();
+    void this.epoch.check().catch(() => undefined);
+    this.epochTimer = setInterval(() => void this.lookForLoss(), EPOCH_CHECK_MS);
+    this.epochTimer.unref();
+  }
+
+  /**
+   * Redis lost its data (restarted empty): every pod's record is gone while their tunnels live on. The
+   * records are rebuilt from the API server now, not at the next resync; the session hosts tell each
+   * rebuilt record of the shadow they kept (SHADOW_HELD).
+   */
+  private async lookForLoss(): Promise<void> {
+    const check = await this.epoch.check().catch(() => undefined);
+    if (!check?.lost || this.stopped) return;
+    this.log.warn("Redis lost its data: rebuilding every pod's record from the API server now");
+    this.sent.clear();
+    if (this.synced) await this.resync();
   }
 
   /** Every stream has listed at least once (readiness). */
@@ -154,6 +178,7 @@ export class PodWatcher {
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.resyncTimer) clearInterval(this.resyncTimer);
+    if (this.epochTimer) clearInterval(this.epochTimer);
     await this.informer.stop();
     await this.idle();
     this.log.info('pod watcher stopped');

@@ -20,6 +20,10 @@
  *       the site out of reach (login- or slurm-unreachable) spends no launch: the pod waits, backing off to 30 s;
  *       a permanent error (and the node wait deadline) → failed at once. The old shadow is stopped.
  *
+ *   SHADOW_HELD (a session host kept this pod's shadow through a loss of Redis's data, and the record was
+ *   rebuilt from the API server): the pod takes that shadow as its own, in the state its reports reached —
+ *   at its generation, stopping the one it launched itself if that was an older one.
+ *
  *   from every state but done: TEARDOWN | POD_DELETED → tearingDown.
  *   failed ─RETRY─► validating (or ─► tearingDown when it was a teardown that failed).
  *   failed ─POD_UPSERT (changed)─► validating when the pod was refused as it was (invalid-pod).
@@ -58,10 +62,11 @@ import type {
   PodInput,
   PodStateName,
   RunStepParams,
+  ShadowPhaseState,
   StepName,
   StopShadowParams,
 } from './pod-types.js';
-import { POD_ACTION_TYPES } from './pod-types.js';
+import { POD_ACTION_TYPES, SHADOW_PHASE_STATES } from './pod-types.js';
 
 export { parsePodEvent, podActionsSchema, podEventSchema, RestoreError, type RestoreErrorKind } from './pod-schema.js';
 export * from './pod-types.js';
@@ -95,6 +100,35 @@ const advanceTo = (target: PodStateName) => ({ guard: 'isCurrent', target, actio
 
 /** A late report of a phase already passed only fills in what it knows. */
 const fillIn = { guard: and(['isCurrent', 'reportAddsInfo']), actions: 'noteReport' } as const;
+
+/**
+ * A shadow held through a loss of Redis's data, of the pod's own generation, that got further than the
+ * pod's state: the pod moves there (from `from`, to each phase after it).
+ */
+function heldAhead(from: PodStateName) {
+  return SHADOW_PHASE_STATES.slice(SHADOW_PHASE_STATES.indexOf(from as ShadowPhaseState) + 1).map((phase) => ({
+    guard: { type: 'heldAt', params: { phase } } as const,
+    target: phase,
+    actions: 'noteHeld' as const,
+  }));
+}
+
+/**
+ * …or of a newer generation than the pod's (the pod relaunched before the loss; its rebuilt record is at
+ * its first): the pod takes that generation, and the shadow it launched itself is stopped.
+ */
+const heldNewer = SHADOW_PHASE_STATES.map((phase) => ({
+  guard: { type: 'heldNewer', params: { phase } } as const,
+  target: `.${phase}`,
+  reenter: true,
+  actions: [
+    {
+      type: 'stopShadow',
+      params: ({ context }: Args): StopShadowParams => ({ generation: context.generation, reason: 'adopted' }),
+    },
+    'noteHeld',
+  ] as const,
+}));
 
 /** The job ended or its sockets vanished: nothing left to hold up. */
 const endShadow = { guard: 'isCurrent', target: '#pod.tearingDown', actions: 'noteTeardown' } as const;
@@ -183,6 +217,18 @@ export const podMachine = setup({
           return {};
       }
     }),
+    noteHeld: assign(({ context, event }) => {
+      if (event.type !== 'SHADOW_HELD') return {};
+      const active = event.phase === 'active';
+      return {
+        generation: event.generation,
+        host: event.host,
+        ...(event.batchHost && event.jobId ? { batchHost: event.batchHost, jobId: event.jobId } : {}),
+        ...(active ? { forwardsReadyAt: context.forwardsReadyAt ?? event.at, attempts: 0 } : {}),
+        ...(event.addresses ? { relayAddresses: event.addresses } : {}),
+        ...(event.isolation ? { isolation: event.isolation } : {}),
+      };
+    }),
     beginLaunch: assign(({ context, event }) => ({
       generation: context.generation + 1,
       ...nextLaunch(context, event),
@@ -207,6 +253,10 @@ export const podMachine = setup({
     hasBudget: ({ context, event }) => hasBudget(context) || isSiteWide(errorOf(context, event)),
     podChanged: ({ context, event }) => event.type === 'POD_UPSERT' && podChanged(context, event),
     reportAddsInfo: ({ context, event }) => reportAddsInfo(context, event),
+    heldAt: ({ context, event }, params: { phase: ShadowPhaseState }) =>
+      event.type === 'SHADOW_HELD' && event.phase === params.phase && event.generation === context.generation,
+    heldNewer: ({ context, event }, params: { phase: ShadowPhaseState }) =>
+      event.type === 'SHADOW_HELD' && event.phase === params.phase && event.generation > context.generation,
     teardownPending: ({ context }) => context.podDeleted || context.teardownReason !== null,
     refusedAsItWas: ({ context }) =>
       context.lastError?.kind === 'invalid-pod' && !context.podDeleted && context.teardownReason === null,
@@ -277,6 +327,7 @@ export const podMachine = setup({
         // Only the deadline the phase armed is current (isCurrent): none is armed once active.
         // The node wait deadline is a permanent error (errorOf): waiting again would only wait as long again.
         DEADLINE: relaunchOrFail(REPORT),
+        SHADOW_HELD: heldNewer,
       },
       states: {
         launchingShadow: {
@@ -289,6 +340,7 @@ export const podMachine = setup({
             BATCH_HOST: advanceTo('openingCarrier'),
             CARRIER_OPEN: advanceTo('establishingForwards'),
             FORWARDS_READY: advanceTo('active'),
+            SHADOW_HELD: heldAhead('launchingShadow'),
             STEP_FAILED: relaunchOrFail(LAUNCH_STEP),
           },
         },
@@ -301,6 +353,7 @@ export const podMachine = setup({
             BATCH_HOST: advanceTo('openingCarrier'),
             CARRIER_OPEN: advanceTo('establishingForwards'),
             FORWARDS_READY: advanceTo('active'),
+            SHADOW_HELD: heldAhead('waitingBatchHost'),
           },
         },
 
@@ -311,6 +364,7 @@ export const podMachine = setup({
           on: {
             CARRIER_OPEN: advanceTo('establishingForwards'),
             FORWARDS_READY: advanceTo('active'),
+            SHADOW_HELD: heldAhead('openingCarrier'),
           },
         },
 
@@ -320,6 +374,7 @@ export const podMachine = setup({
           exit: disarmDeadline,
           on: {
             FORWARDS_READY: advanceTo('active'),
+            SHADOW_HELD: heldAhead('establishingForwards'),
           },
         },
 

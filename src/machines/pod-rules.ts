@@ -47,6 +47,7 @@ export function isCurrent(context: PodContext, event: PodEvent): boolean {
     case 'BATCH_HOST':
     case 'CARRIER_OPEN':
     case 'FORWARDS_READY':
+    case 'SHADOW_HELD':
     case 'SOCKETS_VANISHED':
     case 'JOB_ENDED':
     case 'CARRIER_LOST':

@@ -12,6 +12,7 @@ import {
   type PodEvent,
   type PodInput,
   type PodStateName,
+  SHADOW_PHASE_STATES,
   STEPS,
 } from './pod-types.js';
 
@@ -87,6 +88,17 @@ export const podEventSchema = z.discriminatedUnion('type', [
     type: z.literal('FORWARDS_READY'),
     ...at,
     ...report,
+    addresses: relayAddresses.optional(),
+    isolation: isolation.optional(),
+  }),
+  z.object({
+    type: z.literal('SHADOW_HELD'),
+    ...at,
+    ...report,
+    host: text,
+    phase: z.enum(SHADOW_PHASE_STATES),
+    batchHost: text.optional(),
+    jobId: text.optional(),
     addresses: relayAddresses.optional(),
     isolation: isolation.optional(),
   }),

@@ -181,6 +181,26 @@ export interface TunnelIsolation {
   relay: 'job' | 'user';
   sockets: 'job' | 'user';
 }
+/** The phases a shadow reports up to, as the states its pod is in after each report. */
+export const SHADOW_PHASE_STATES = ['waitingBatchHost', 'openingCarrier', 'establishingForwards', 'active'] as const;
+export type ShadowPhaseState = (typeof SHADOW_PHASE_STATES)[number];
+
+/**
+ * A session host still holds a live shadow of this pod after Redis lost its data (the pod's record was
+ * rebuilt from the API server, at generation 0): the record takes that shadow as its own (its generation,
+ * host, how far it got) instead of launching another. Sent, with the re-asserted lease's token, until the
+ * record shows it.
+ */
+export interface ShadowHeldEvent extends Report {
+  type: 'SHADOW_HELD';
+  host: string;
+  /** The state the shadow's reports so far put its pod in. */
+  phase: ShadowPhaseState;
+  batchHost?: string;
+  jobId?: string;
+  addresses?: string[];
+  isolation?: TunnelIsolation;
+}
 export interface SocketsVanishedEvent extends Report {
   type: 'SOCKETS_VANISHED';
 }
@@ -210,6 +230,7 @@ export type SessionReport =
   | BatchHostEvent
   | CarrierOpenEvent
   | ForwardsReadyEvent
+  | ShadowHeldEvent
   | SocketsVanishedEvent
   | JobEndedEvent
   | CarrierLostEvent
@@ -232,6 +253,7 @@ export const SESSION_REPORT_TYPES = [
   'BATCH_HOST',
   'CARRIER_OPEN',
   'FORWARDS_READY',
+  'SHADOW_HELD',
   'SOCKETS_VANISHED',
   'JOB_ENDED',
   'CARRIER_LOST',

@@ -101,6 +101,12 @@ export const shadowsHeld = new Gauge({
   registers: [registry],
 });
 
+export const shadowsReasserted = new Counter({
+  name: 'backhaul_shadows_reasserted_total',
+  help: 'Shadows whose lease this session host took again after Redis lost its data (their tunnels stayed up).',
+  registers: [registry],
+});
+
 export const sessionEnds = new Counter({
   name: 'backhaul_session_ends_total',
   help: 'Shadow sessions that ended on this session host, by how they ended.',

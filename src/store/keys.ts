@@ -63,4 +63,8 @@ export class RedisKeys {
   hosts(): string {
     return `${this.prefix}hosts`;
   }
+  /** Hash: id, since, recoverUntil; never deleted, so a Redis that lost its data is told by its absence (RedisEpoch). */
+  epoch(): string {
+    return `${this.prefix}epoch`;
+  }
 }

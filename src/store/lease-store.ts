@@ -22,9 +22,16 @@ export interface Lease {
   expiresAt: number;
 }
 
-export type AcquireResult =
-  | { ok: true; lease: Lease }
-  | { ok: false; reason: 'held' | 'older-generation'; current: Lease };
+/**
+ * Refused: `held` by another holder, `reasserted` held by another that kept the shadow through a loss of
+ * Redis's data, `older-generation` a newer shadow holds it, `recovering` free but only re-assertions are
+ * granted until the recovery window closes (`current.expiresAt` says when; holder '' then).
+ */
+export type AcquireRefusal = 'held' | 'reasserted' | 'older-generation' | 'recovering';
+
+export type AcquireResult = { ok: true; lease: Lease } | { ok: false; reason: AcquireRefusal; current: Lease };
+
+const REFUSALS: ReadonlySet<string> = new Set<AcquireRefusal>(['held', 'reasserted', 'older-generation', 'recovering']);
 
 /** Renewed by the current token even after expiresAt: fencing is by token, so a holder nobody replaced goes on. */
 export type RenewResult = { ok: true; expiresAt: number } | { ok: false; reason: 'lost' };
@@ -60,17 +67,27 @@ export class LeaseStore {
     this.retainMs = opts.retainMs ?? 60_000;
   }
 
-  /** Granted when free, expired or already ours; never to a generation older than the holder's. */
-  async acquire(uid: string, holder: string, generation: number, ttlMs: number): Promise<AcquireResult> {
+  /**
+   * Granted when free, expired or already ours; never to a generation older than the holder's. While
+   * the fleet recovers from a Redis that lost its data, a free lease goes only to a holder that
+   * `reassert`s one it held before the loss (redis/epoch-check.lua).
+   */
+  async acquire(
+    uid: string,
+    holder: string,
+    generation: number,
+    ttlMs: number,
+    opts: { reassert?: boolean } = {},
+  ): Promise<AcquireResult> {
     const reply = (await script('lease-acquire').run(
       this.redis,
-      [this.keys.lease(uid), this.keys.leases(), this.keys.leaseToken()],
-      [uid, holder, generation, Math.ceil(ttlMs), this.retainMs],
+      [this.keys.lease(uid), this.keys.leases(), this.keys.leaseToken(), this.keys.epoch()],
+      [uid, holder, generation, Math.ceil(ttlMs), this.retainMs, opts.reassert ? '1' : '0'],
     )) as [number, string, number, number, number, string?];
     const [granted, leaseHolder, leaseGeneration, token, expiresAt, reason] = reply;
     const lease = { uid, holder: leaseHolder, generation: leaseGeneration, token, expiresAt };
     if (granted === 1) return { ok: true, lease };
-    return { ok: false, reason: reason === 'older-generation' ? 'older-generation' : 'held', current: lease };
+    return { ok: false, reason: REFUSALS.has(reason ?? '') ? (reason as AcquireRefusal) : 'held', current: lease };
   }
 
   async renew(uid: string, token: number, ttlMs: number): Promise<RenewResult> {

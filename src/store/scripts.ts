@@ -26,6 +26,7 @@ export const SCRIPT_NAMES = [
   'host-register',
   'host-heartbeat',
   'host-prune',
+  'epoch-check',
 ] as const;
 export type ScriptName = (typeof SCRIPT_NAMES)[number];
 

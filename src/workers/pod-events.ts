@@ -34,6 +34,8 @@ function detailOf(event: PodEvent): string | undefined {
       return `host ${event.host}`;
     case 'BATCH_HOST':
       return `job ${event.jobId} on ${event.batchHost}`;
+    case 'SHADOW_HELD':
+      return `kept by host ${event.host} through a loss of Redis's data, at ${event.phase}`;
     case 'CARRIER_LOST':
       return event.reason;
     case 'SESSION_FAILED':

@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { type Job, WaitingError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
-import { type PodEvent, stateHasTag } from '../machines/pod-machine.js';
+import { type PodEvent, type ShadowPhaseState, stateHasTag, type TunnelIsolation } from '../machines/pod-machine.js';
 import { jobStateName } from '../machines/pod-schema.js';
 import { reportDataPlane } from '../metrics/data-plane-metrics.js';
 import {
@@ -9,6 +9,7 @@ import {
   reportTunnelLoads,
   sessionEnds,
   shadowsHeld,
+  shadowsReasserted,
   sshCrypto,
 } from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
@@ -26,6 +27,7 @@ import { ShadowSession, type ShadowSessionOptions } from '../ssh/shadow-session.
 import { openSiteAccess, type SiteAccess } from '../ssh/site-access.js';
 import { slurmStateName } from '../ssh/slurm-job.js';
 import { autoTunnelThreads, type Shadow, TunnelThreads } from '../ssh/tunnel-threads.js';
+import { RedisEpoch, recoveryWindowMs } from '../store/redis-epoch.js';
 
 /**
  * BullMQ lock settings for shadows. A killed host stops renewing its job locks; the stall check moves
@@ -35,6 +37,53 @@ import { autoTunnelThreads, type Shadow, TunnelThreads } from '../ssh/tunnel-thr
 export const SESSION_LOCKS = { lockDuration: 4_000, stalledInterval: 2_000, maxStalledCount: 100_000 } as const;
 
 export type SessionOutcome = ShadowEnd | { type: 'STALE'; reason: string } | { type: 'HANDED_OVER' };
+
+/**
+ * A shadow this host holds: its lease's current token (a new one once re-asserted after Redis lost its
+ * data) and how far its reports got, so that a rebuilt pod record can be told (SHADOW_HELD).
+ */
+interface HeldShadow {
+  uid: string;
+  generation: number;
+  fence: number;
+  session: Shadow;
+  reached: ShadowPhaseState | 'launchingShadow';
+  batchHost?: string;
+  jobId?: string;
+  addresses?: string[];
+  isolation?: TunnelIsolation;
+}
+
+/** How the state a phase report puts its pod in, for SHADOW_HELD. */
+const PHASE_STATE: Partial<Record<ShadowPhase['type'], ShadowPhaseState>> = {
+  SHADOW_UP: 'waitingBatchHost',
+  BATCH_HOST: 'openingCarrier',
+  CARRIER_OPEN: 'establishingForwards',
+  FORWARDS_READY: 'active',
+};
+const PHASE_ORDER: readonly HeldShadow['reached'][] = [
+  'launchingShadow',
+  'waitingBatchHost',
+  'openingCarrier',
+  'establishingForwards',
+  'active',
+];
+
+/** What a host tells a rebuilt pod record of a shadow it kept. */
+function heldEvent(held: HeldShadow, hostId: string, at: number): PodEvent {
+  const phase = held.reached === 'launchingShadow' ? 'waitingBatchHost' : held.reached;
+  return {
+    type: 'SHADOW_HELD',
+    host: hostId,
+    phase,
+    generation: held.generation,
+    lease: held.fence,
+    ...(held.batchHost && held.jobId ? { batchHost: held.batchHost, jobId: held.jobId } : {}),
+    ...(held.addresses ? { addresses: held.addresses } : {}),
+    ...(held.isolation ? { isolation: held.isolation } : {}),
+    at,
+  };
+}
 
 /** The phase a shadow reports, as the event its machine reads, fenced by the lease's token. */
 function eventOf(phase: ShadowPhase, generation: number, lease: number, hostId: string, at: number): PodEvent {
@@ -74,6 +123,20 @@ function eventOf(phase: ShadowPhase, generation: number, lease: number, hostId: 
   }
 }
 
+/** Keeps how far a shadow's reports got, for SHADOW_HELD. */
+function noteReached(held: HeldShadow, phase: ShadowPhase): void {
+  const state = PHASE_STATE[phase.type];
+  if (state && PHASE_ORDER.indexOf(state) > PHASE_ORDER.indexOf(held.reached)) held.reached = state;
+  if (phase.type === 'BATCH_HOST') {
+    held.batchHost = phase.batchHost;
+    held.jobId = phase.jobId;
+  }
+  if (phase.type === 'FORWARDS_READY') {
+    if (phase.addresses) held.addresses = phase.addresses;
+    if (phase.isolation) held.isolation = phase.isolation;
+  }
+}
+
 /**
  * A session host: a BullMQ worker whose long-running jobs each hold one ShadowSession, fenced by the
  * pod's lease. Concurrency is its capacity. On stop it hands its shadows back to the queue so another
@@ -81,11 +144,16 @@ function eventOf(phase: ShadowPhase, generation: number, lease: number, hostId: 
  */
 export class SessionHost {
   readonly worker: Worker<SessionJobData, SessionOutcome>;
-  private readonly sessions = new Map<string, Shadow>();
+  private readonly sessions = new Map<string, HeldShadow>();
   /** Each session job being processed here, by job id (see process). */
   private readonly holding = new Map<string, Promise<SessionOutcome>>();
   private handingOver = false;
   private readonly heartbeat: NodeJS.Timeout;
+  /** Whether Redis lost its data since this host last looked (its leases and registration with it). */
+  private readonly epoch: RedisEpoch;
+  private recovery: Promise<boolean> | undefined;
+  /** Session jobs whose lock could not be renewed, already said once (see the worker's error handler). */
+  private readonly lockLost = new Set<string>();
   /** Carriers held at once, overall and per namespace (Backhaul.SessionCapacity, NamespaceCapacity). */
   private readonly slots: CarrierSlots;
 
@@ -111,10 +179,38 @@ export class SessionHost {
         ...(deps.bullPrefix ? { prefix: deps.bullPrefix } : {}),
       },
     );
-    this.worker.on('error', (err) => deps.log.error({ err }, 'session host worker error'));
+    this.worker.on('error', (err) => {
+      // A job Redis lost (restarted empty) or whose lock lapsed: BullMQ says so at every renewal, for as
+      // long as the session lives on under its lease. Once is enough.
+      const lost = /^could not renew lock for job (.+)$/.exec(err.message)?.[1];
+      if (lost === undefined) return deps.log.error({ err }, 'session host worker error');
+      if (this.lockLost.has(lost)) return;
+      this.lockLost.add(lost);
+      deps.log.warn(
+        { job: lost },
+        'a session job lost its lock (Redis lost the job, or it stalled): its shadow goes on under its lease',
+      );
+    });
+    this.worker.on('completed', (job) => this.lockLost.delete(job.id ?? ''));
+    this.worker.on('failed', (job) => this.lockLost.delete(job?.id ?? ''));
+    this.epoch = new RedisEpoch(deps.redis, deps.keys, recoveryWindowMs(b.LeaseTTL));
     this.heartbeat = setInterval(() => {
-      deps.hosts.heartbeat(hostId, this.sessions.size).catch(() => undefined);
+      if (this.handingOver) return;
+      deps.hosts
+        .heartbeat(hostId, this.sessions.size)
+        // Not registered: Redis lost its data, or pruned this host after a long stall; either way it registers again.
+        .then(async (known) => {
+          if (known || (await this.recover())) return;
+          await deps.hosts.register(hostId, b.SessionCapacity, this.sessions.size);
+        })
+        .catch(() => undefined);
     }, 2_000).unref();
+  }
+
+  /** Learns the fleet's epoch before anything is held here (a loss is told by a later change). */
+  private async begin(): Promise<void> {
+    await this.epoch.check();
+    await this.deps.hosts.register(this.hostId, this.deps.config.Backhaul.SessionCapacity, 0);
   }
 
   /** `directory`: where Services are looked up for the dials (the Kubernetes API), see ClusterDirectory. */
@@ -161,8 +257,9 @@ export class SessionHost {
       { relay: isolation.relay, sockets: isolation.sockets, detail: isolation.detail },
       'tunnel isolation of this site (backhaul doctor asks Slurm for more)',
     );
-    await deps.hosts.register(hostId, deps.config.Backhaul.SessionCapacity, 0);
-    return new SessionHost(deps, access, tunnels, hostId, connection, directory);
+    const host = new SessionHost(deps, access, tunnels, hostId, connection, directory);
+    await host.begin();
+    return host;
   }
 
   get load(): number {
@@ -181,7 +278,7 @@ export class SessionHost {
   async stop(): Promise<void> {
     this.handingOver = true;
     const closing = this.worker.close();
-    await Promise.all([...this.sessions.values()].map((s) => s.close('session host stopping')));
+    await Promise.all([...this.sessions.values()].map((held) => held.session.close('session host stopping')));
     await closing;
     clearInterval(this.heartbeat);
     await this.deps.hosts.unregister(this.hostId).catch(() => undefined);
@@ -241,6 +338,9 @@ export class SessionHost {
       const got = await deps.leases.acquire(uid, this.hostId, generation, ttl);
       if (got.ok) lease = got.lease;
       else if (got.reason === 'older-generation') return { type: 'STALE', reason: 'a newer shadow holds the lease' };
+      else if (got.reason === 'reasserted' && got.current.generation === generation)
+        // The record rebuilt after a loss of Redis's data launched the shadow that host kept: it is this one.
+        return { type: 'STALE', reason: `${got.current.holder} kept this shadow through a loss of Redis's data` };
       else await sleep(Math.min(500, ttl / 4));
       const again = await this.staleReason(uid, generation);
       if (again) {
@@ -248,11 +348,13 @@ export class SessionHost {
         return { type: 'STALE', reason: again };
       }
     }
-    const fence = lease.token;
+    // The lease's token: replaced when this host re-asserts the lease after Redis lost its data.
+    let held: HeldShadow | undefined;
+    const fence = () => held?.fence ?? lease.token;
 
     const options: ShadowSessionOptions = {
       // Asked right before anything is bound on the node: a host that lost the lease binds nothing.
-      fence: async () => (await deps.leases.get(uid))?.token === fence,
+      fence: async () => (await deps.leases.get(uid))?.token === fence(),
       plan,
       pool: this.access.pool,
       site: this.access.carrier,
@@ -274,21 +376,28 @@ export class SessionHost {
           },
           'shadow phase',
         );
-        sendEvent(deps.queues, uid, eventOf(phase, generation, fence, this.hostId, deps.now())).catch((err) =>
+        if (held) noteReached(held, phase);
+        sendEvent(deps.queues, uid, eventOf(phase, generation, fence(), this.hostId, deps.now())).catch((err) =>
           log.error({ err }, 'could not report a phase'),
         );
       },
     };
     const session: Shadow = this.tunnels ? this.tunnels.startShadow(options) : new ShadowSession(options);
-    this.sessions.set(uid, session);
+    held = { uid, generation, fence: lease.token, session, reached: 'launchingShadow' };
+    const mine = held;
+    this.sessions.set(uid, mine);
     shadowsHeld.inc();
     // Losing the lease (revoked by teardown, taken after an expiry) closes the session at once. A renewal
-    // after expiresAt still succeeds while nobody has taken the lease, so a Redis outage does not end it.
+    // after expiresAt still succeeds while nobody has taken the lease, so a Redis outage does not end it;
+    // a lease Redis lost with all its data is re-asserted (recover) instead.
     const renew = setInterval(
       () => {
-        deps.leases.renew(uid, fence, ttl).then(
-          (r) => {
-            if (!r.ok) void session.close(`lease ${r.reason}`);
+        const token = mine.fence;
+        deps.leases.renew(uid, token, ttl).then(
+          async (r) => {
+            if (r.ok) return;
+            await this.recover().catch((err: unknown) => log.warn({ err }, 'could not look for a loss of Redis data'));
+            if (mine.fence === token) void session.close(`lease ${r.reason}`);
           },
           (err) => log.warn({ err }, 'lease renewal failed'),
         );
@@ -299,15 +408,90 @@ export class SessionHost {
       const end = await session.run();
       sessionEnds.inc({ end: end.type });
       if (end.type === 'JOB_ENDED' && end.trapMissed) jobsEndedWithoutTrap.inc();
-      if (end.type === 'CLOSED' && this.handingOver) return await this.handBack(job, token, fence);
+      if (end.type === 'CLOSED' && this.handingOver) return await this.handBack(job, token, mine.fence);
       return end;
     } finally {
       shadowsHeld.dec();
       clearInterval(renew);
       // After a stall (its job lock ran out, e.g. in a Redis outage) this host may have taken the same
       // job again: that newer session is the pod's now and must stay known (stop() closes what is here).
-      if (this.sessions.get(uid) === session) this.sessions.delete(uid);
-      if (!this.handingOver) await deps.leases.release(uid, fence).catch(() => false);
+      if (this.sessions.get(uid) === mine) this.sessions.delete(uid);
+      if (!this.handingOver) await deps.leases.release(uid, mine.fence).catch(() => false);
+    }
+  }
+
+  /**
+   * Redis lost its data (restarted empty; a replica promoted with no copy): the leases of the shadows held
+   * here and this host's registration went with it, while the tunnels and their jobs live on. Each lease
+   * is taken again (only re-assertions are granted in the recovery window, see lease-acquire.lua) and each
+   * pod's rebuilt record is told of its shadow until it takes it. One look at a time; true when lost.
+   */
+  private recover(): Promise<boolean> {
+    this.recovery ??= this.reassert().finally(() => {
+      this.recovery = undefined;
+    });
+    return this.recovery;
+  }
+
+  private async reassert(): Promise<boolean> {
+    const { deps } = this;
+    const { lost } = await this.epoch.check();
+    if (!lost || this.handingOver) return false;
+    await deps.hosts.register(this.hostId, deps.config.Backhaul.SessionCapacity, this.sessions.size);
+    const held = [...this.sessions.values()];
+    deps.log.warn(
+      { host: this.hostId, shadows: held.length },
+      "Redis lost its data: re-asserting the leases of this host's shadows; their tunnels stay up",
+    );
+    shadowsReasserted.inc(held.length);
+    await Promise.all(held.map((shadow) => this.reassertOne(shadow)));
+    return true;
+  }
+
+  private async reassertOne(held: HeldShadow): Promise<void> {
+    const { deps } = this;
+    const log = deps.log.child({ uid: held.uid, generation: held.generation, host: this.hostId });
+    const got = await deps.leases
+      .acquire(held.uid, this.hostId, held.generation, deps.config.Backhaul.LeaseTTL, { reassert: true })
+      .catch((err: unknown) => {
+        log.warn({ err }, 'could not re-assert a lease (the next renewal looks again)');
+        return undefined;
+      });
+    if (!got) return;
+    if (!got.ok) {
+      void held.session.close(`lease ${got.reason} after Redis lost its data`);
+      return;
+    }
+    held.fence = got.lease.token;
+    void this.tellRebuiltRecord(held, log);
+  }
+
+  /**
+   * Sends SHADOW_HELD until the pod's record (rebuilt by the watch role from the API server) shows this
+   * shadow: every second at first, then every 10 s for as long as the session lives. A record that went
+   * on without it (a newer generation, torn down, failed) ends the session.
+   */
+  private async tellRebuiltRecord(held: HeldShadow, log: FleetDeps['log']): Promise<void> {
+    const { deps } = this;
+    for (let round = 0; this.sessions.get(held.uid) === held && !this.handingOver; round += 1) {
+      const pod = await readPod(deps, held.uid).catch(() => null);
+      if (pod) {
+        const ctx = pod.context;
+        if (ctx.generation === held.generation && ctx.host === this.hostId && stateHasTag(pod.state, 'shadowRunning')) {
+          log.info({ state: pod.state }, "the pod's rebuilt record took back its shadow");
+          return;
+        }
+        if (ctx.generation > held.generation || !stateHasTag(pod.state, 'shadow')) {
+          if (pod.state !== 'validating' && pod.state !== 'rendering') {
+            void held.session.close(`the pod's rebuilt record went on without this shadow (${pod.state})`);
+            return;
+          }
+        }
+      }
+      await sendEvent(deps.queues, held.uid, heldEvent(held, this.hostId, deps.now())).catch((err: unknown) =>
+        log.warn({ err }, 'could not tell the pod of its shadow'),
+      );
+      await sleep(round < 30 ? 1_000 : 10_000);
     }
   }
 

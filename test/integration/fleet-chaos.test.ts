@@ -7,7 +7,7 @@ import { firstOkAfter, prober } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { type Harness, jobScript, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, sbatch } from '../fixtures/slurm.js';
-import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
+import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 const DB = 4;
 
@@ -27,10 +27,7 @@ describe('the fleet survives its members dying', () => {
   }, 120_000);
 
   afterEach(async () => {
-    for (const w of workers.splice(0)) {
-      w.kill('SIGKILL');
-      await w.exited;
-    }
+    await killWorkers(workers);
     await cancelSubmittedJobs();
   });
 

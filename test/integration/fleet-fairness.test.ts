@@ -10,7 +10,7 @@ import {
 } from '../fixtures/fleet-harness.js';
 import { uid, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, scancel } from '../fixtures/slurm.js';
-import type { WorkerProcess } from '../fixtures/worker-process.js';
+import { killWorkers, type WorkerProcess } from '../fixtures/worker-process.js';
 
 const DB = 10;
 
@@ -34,10 +34,7 @@ describe('fairness between namespaces on one session host', () => {
   });
 
   afterAll(async () => {
-    for (const w of workers) {
-      w.kill('SIGKILL');
-      await w.exited;
-    }
+    await killWorkers(workers);
     await cancelSubmittedJobs();
     await site?.close();
     await redis?.close();

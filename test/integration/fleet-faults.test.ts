@@ -38,7 +38,7 @@ import {
   waitFor,
 } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs, jobState, killJobProcesses, sbatch, scancel, scontrol } from '../fixtures/slurm.js';
-import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
+import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 /**
  * Faults on the loopback site with the fleet's own processes (a control worker and session hosts,
@@ -52,11 +52,7 @@ const workers: WorkerProcess[] = [];
 const sites: ProcessFleetSite[] = [];
 
 afterEach(async () => {
-  for (const w of workers.splice(0)) {
-    w.kill('SIGCONT');
-    w.kill('SIGKILL');
-    await w.exited;
-  }
+  await killWorkers(workers);
   await cancelSubmittedJobs();
 });
 

@@ -1,4 +1,3 @@
-import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -8,69 +7,20 @@ import { sendEvent } from '../../src/pods/queues.js';
 import { createRedis } from '../../src/store/redis.js';
 import { allActive, failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
+import { RedisServer } from '../fixtures/redis-server.js';
 import { uid, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs } from '../fixtures/slurm.js';
 import { freePort } from '../fixtures/sshd.js';
-import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
-
-/** A private redis-server with AOF on (as redis/redis.conf has it for production), restartable on its port. */
-class PrivateRedis {
-  private child: ChildProcess | undefined;
-  constructor(
-    readonly port: number,
-    readonly dir: string,
-  ) {}
-  get url(): string {
-    return `redis://127.0.0.1:${this.port}`;
-  }
-  async start(): Promise<void> {
-    this.child = spawn(
-      'redis-server',
-      [
-        '--port',
-        String(this.port),
-        '--bind',
-        '127.0.0.1',
-        '--dir',
-        this.dir,
-        '--appendonly',
-        'yes',
-        '--appendfsync',
-        'always',
-        '--save',
-        '',
-        '--maxmemory-policy',
-        'noeviction',
-      ],
-      { stdio: 'ignore' },
-    );
-    const probe = createRedis(this.url, { kind: 'command' });
-    probe.on('error', () => undefined);
-    await waitFor('redis up', async () => ((await probe.ping().catch(() => '')) === 'PONG' ? true : undefined), 10_000);
-    probe.disconnect();
-  }
-  /** SIGSTOP / SIGCONT: connections stay open and nothing answers, as on a hung Redis host. */
-  signal(signal: 'SIGSTOP' | 'SIGCONT'): void {
-    this.child?.kill(signal);
-  }
-  /** kill -9: nothing but the AOF survives. */
-  async crash(): Promise<void> {
-    const child = this.child;
-    if (!child || child.exitCode !== null) return;
-    const exited = new Promise((r) => child.once('exit', r));
-    child.kill('SIGKILL');
-    await exited;
-  }
-}
+import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 describe('Redis restarts or hangs while pods are active', () => {
   let site: ProcessFleetSite;
-  let redis: PrivateRedis;
+  let redis: RedisServer;
   let deps: FleetDeps;
   const workers: WorkerProcess[] = [];
 
   beforeAll(async () => {
-    redis = new PrivateRedis(await freePort(), await mkdtemp(join(tmpdir(), 'bh-redis-')));
+    redis = new RedisServer(await freePort(), await mkdtemp(join(tmpdir(), 'bh-redis-')));
     await redis.start();
     site = await processFleetSite(redis.url);
     deps = site.deps;
@@ -79,11 +29,7 @@ describe('Redis restarts or hangs while pods are active', () => {
   // Each test starts on an empty Redis with no worker and no job of the one before.
   afterEach(async () => {
     redis.signal('SIGCONT');
-    for (const w of workers.splice(0)) {
-      w.kill('SIGCONT');
-      w.kill('SIGKILL');
-      await w.exited;
-    }
+    await killWorkers(workers);
     await cancelSubmittedJobs();
     const admin = createRedis(redis.url, { kind: 'command' });
     await admin.flushall().finally(() => admin.disconnect());

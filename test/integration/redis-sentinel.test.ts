@@ -7,7 +7,7 @@ import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/
 import { SentinelSet } from '../fixtures/redis-sentinel.js';
 import { uid, waitFor } from '../fixtures/shadow-harness.js';
 import { cancelSubmittedJobs } from '../fixtures/slurm.js';
-import { startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
+import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 /**
  * The fleet on Redis with Sentinel (a master, two replicas, three sentinels), through
@@ -28,10 +28,7 @@ describe('Redis with Sentinel: the master killed under active pods', () => {
   }, 120_000);
 
   afterAll(async () => {
-    for (const w of workers.splice(0)) {
-      w.kill('SIGKILL');
-      await w.exited;
-    }
+    await killWorkers(workers);
     await cancelSubmittedJobs();
     await site?.close();
     await sentinels?.stop();

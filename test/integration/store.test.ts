@@ -16,6 +16,7 @@ import { HostRegistry } from '../../src/store/host-registry.js';
 import { RedisKeys } from '../../src/store/keys.js';
 import { LeaseStore } from '../../src/store/lease-store.js';
 import { createRedis } from '../../src/store/redis.js';
+import { RedisEpoch } from '../../src/store/redis-epoch.js';
 import { LuaScript, preloadScripts, SCRIPT_NAMES, script, scripts } from '../../src/store/scripts.js';
 import { type PodWrite, SnapshotStore, type StoredPod } from '../../src/store/snapshot-store.js';
 
@@ -89,7 +90,7 @@ describe('Redis connections and scripts', () => {
     }
     expect(script('pod-cas').numberOfKeys).toBe(7);
     expect(script('pod-remove').numberOfKeys).toBe(9);
-    expect(script('lease-acquire').numberOfKeys).toBe(3);
+    expect(script('lease-acquire').numberOfKeys).toBe(4);
   });
 
   it('preloads all scripts into Redis, runs them by SHA, loads an unknown one on NOSCRIPT', async () => {
@@ -428,6 +429,52 @@ describe('LeaseStore', () => {
     expect(await leases.get('u1')).toBeNull();
     expect((await leases.list()).leases).toEqual([]);
     expect((await leases.acquire('u1', 'host-b', 2, 5_000)).ok).toBe(true);
+  });
+
+  it('after Redis lost its data: only re-assertions are granted in the recovery window, and a re-asserted lease turns a second host away', async () => {
+    const keys = freshKeys();
+    const leases = new LeaseStore(redis, { keys, retainMs: 30_000 });
+    const hostEpoch = new RedisEpoch(redis, keys, 1_500);
+    const watchEpoch = new RedisEpoch(redis, keys, 1_500);
+    // The first look of a process learns the epoch: nothing can have been lost to it.
+    expect(await hostEpoch.check()).toEqual({ lost: false, recoverUntil: 0 });
+    expect(await watchEpoch.check()).toEqual({ lost: false, recoverUntil: 0 });
+    const held = await leases.acquire('u1', 'host-a', 3, 5_000);
+    if (!held.ok) throw new Error('not granted');
+    // Outside a recovery a free lease is granted to anyone, re-asserting or not.
+    expect((await leases.acquire('u0', 'host-b', 1, 5_000)).ok).toBe(true);
+
+    // Redis loses everything (the test deletes this run's keys: a FLUSHALL would hit the other tests).
+    const ours = await redis.keys(`${keys.prefix}*`);
+    await redis.del(...ours);
+    expect(await new RedisEpoch(redis, keys, 1_500).check()).toMatchObject({ lost: false });
+    // Each process that knew the old epoch sees the loss once; the window is extended by each.
+    const lost = await watchEpoch.check();
+    expect(lost.lost).toBe(true);
+    expect(await watchEpoch.check()).toMatchObject({ lost: false, recoverUntil: lost.recoverUntil });
+    const seenByHost = await hostEpoch.check();
+    expect(seenByHost.lost).toBe(true);
+    expect(seenByHost.recoverUntil).toBeGreaterThanOrEqual(lost.recoverUntil);
+
+    // The rebuilt record's launch, on another host, is held off while the window is open…
+    expect(await leases.acquire('u1', 'host-b', 1, 5_000)).toMatchObject({ ok: false, reason: 'recovering' });
+    // …while the host that kept the shadow takes its lease again, at the shadow's generation, with a new token.
+    const back = await leases.acquire('u1', 'host-a', 3, 5_000, { reassert: true });
+    if (!back.ok) throw new Error('not re-asserted');
+    expect(back.lease).toMatchObject({ holder: 'host-a', generation: 3 });
+    expect(back.lease.token).toBeGreaterThan(held.lease.token);
+    // Another host given the pod's session job learns the shadow lives on (and stands down)…
+    expect(await leases.acquire('u1', 'host-b', 3, 5_000)).toMatchObject({
+      ok: false,
+      reason: 'reasserted',
+      current: { holder: 'host-a', generation: 3 },
+    });
+    // …and once the window closes, free leases are granted again, and a normal grant is not marked.
+    await sleep(1_600);
+    const fresh = await leases.acquire('u2', 'host-b', 1, 5_000);
+    expect(fresh.ok).toBe(true);
+    expect(await redis.hget(keys.lease('u2'), 'reasserted')).toBe('0');
+    expect(await leases.acquire('u2', 'host-c', 1, 5_000)).toMatchObject({ ok: false, reason: 'held' });
   });
 
   it('expiry: an expired lease may be taken over and is listed for the reaper', async () => {

@@ -20,7 +20,7 @@ import {
   SLURM_PRIVATE_PARTITION,
 } from '../fixtures/slurm.js';
 import { ensureUser, OTHER_USER, spawnAs } from '../fixtures/users.js';
-import type { WorkerProcess } from '../fixtures/worker-process.js';
+import { killWorkers, type WorkerProcess } from '../fixtures/worker-process.js';
 
 const DB = 11;
 const DB_PER_JOB = 9;
@@ -78,10 +78,7 @@ function isolationFleet(db: number, label: string, ssh: Record<string, unknown> 
   }, 120_000);
 
   afterAll(async () => {
-    for (const w of workers) {
-      w.kill('SIGKILL');
-      await w.exited;
-    }
+    await killWorkers(workers);
     await cancelSubmittedJobs();
     await fleet.site?.close();
     await fleet.redis?.close();

@@ -23,6 +23,7 @@ import {
   restorePod,
   SESSION_REPORT_TYPES,
   type SessionReport,
+  type ShadowPhaseState,
   STATE_OF_STEP,
   STEP_OF_STATE,
   STEPS,
@@ -95,6 +96,8 @@ function report(snapshot: PodSnapshot, type: SessionReport['type'] | 'DEADLINE',
       return { type, at, generation, reason: 'keepalive timeout' };
     case 'SESSION_FAILED':
       return { type, at, generation, error: SOFT };
+    case 'SHADOW_HELD':
+      return { type, at, generation, host: HOST, phase: 'active' };
     case 'DEADLINE':
       return { type, at, generation, name: snapshot.context.deadline?.name ?? 'launchingShadow' };
     default:
@@ -403,6 +406,7 @@ describe('pod machine: session reports in every shadow state', () => {
       BATCH_HOST: 'openingCarrier',
       CARRIER_OPEN: 'establishingForwards',
       FORWARDS_READY: 'active',
+      SHADOW_HELD: 'active',
       SOCKETS_VANISHED: 'tearingDown',
       JOB_ENDED: 'tearingDown',
       CARRIER_LOST: 'launchingShadow',
@@ -414,6 +418,7 @@ describe('pod machine: session reports in every shadow state', () => {
       BATCH_HOST: 'openingCarrier',
       CARRIER_OPEN: 'establishingForwards',
       FORWARDS_READY: 'active',
+      SHADOW_HELD: 'active',
       SOCKETS_VANISHED: 'tearingDown',
       JOB_ENDED: 'tearingDown',
       CARRIER_LOST: 'launchingShadow',
@@ -425,6 +430,7 @@ describe('pod machine: session reports in every shadow state', () => {
       BATCH_HOST: 'ignored',
       CARRIER_OPEN: 'establishingForwards',
       FORWARDS_READY: 'active',
+      SHADOW_HELD: 'active',
       SOCKETS_VANISHED: 'tearingDown',
       JOB_ENDED: 'tearingDown',
       CARRIER_LOST: 'launchingShadow',
@@ -436,6 +442,7 @@ describe('pod machine: session reports in every shadow state', () => {
       BATCH_HOST: 'ignored',
       CARRIER_OPEN: 'ignored',
       FORWARDS_READY: 'active',
+      SHADOW_HELD: 'active',
       SOCKETS_VANISHED: 'tearingDown',
       JOB_ENDED: 'tearingDown',
       CARRIER_LOST: 'launchingShadow',
@@ -447,6 +454,7 @@ describe('pod machine: session reports in every shadow state', () => {
       BATCH_HOST: 'ignored',
       CARRIER_OPEN: 'ignored',
       FORWARDS_READY: 'ignored',
+      SHADOW_HELD: 'ignored',
       SOCKETS_VANISHED: 'tearingDown',
       JOB_ENDED: 'tearingDown',
       CARRIER_LOST: 'launchingShadow',
@@ -522,7 +530,8 @@ describe('pod machine: session reports in every shadow state', () => {
     SHADOW_STATES.flatMap((state) =>
       [...SESSION_REPORT_TYPES, 'DEADLINE' as const].flatMap((type) => [
         { state, type, delta: -1 },
-        { state, type, delta: +1 },
+        // A held shadow of a newer generation is taken over (its own describe, above).
+        ...(type === 'SHADOW_HELD' ? [] : [{ state, type, delta: +1 }]),
       ]),
     ),
   )('$state ignores $type of generation current$delta', ({ state, type, delta }) => {
@@ -574,6 +583,76 @@ describe('pod machine: session reports in every shadow state', () => {
     for (const state of ['waitingBatchHost', 'openingCarrier', 'establishingForwards', 'active'] as const) {
       const later = reach(state);
       expect(step(later, { type: 'STEP_FAILED', at: T0, step: 'launch', generation: 1 }).changed).toBe(false);
+    }
+  });
+});
+
+describe('pod machine: a shadow held through a loss of Redis data (SHADOW_HELD)', () => {
+  const held = (generation: number, phase: ShadowPhaseState, at = T0 + 5_000): PodEvent => ({
+    type: 'SHADOW_HELD',
+    at,
+    generation,
+    lease: 99,
+    host: 'host-kept',
+    phase,
+    ...BATCH,
+    addresses: ['127.0.5.1'],
+    isolation: { relay: 'job', sockets: 'job' },
+  });
+
+  it('a rebuilt record (its first launch under way) takes the live shadow of its own generation where it got: no second launch is stopped, the deadline is that phase', () => {
+    const rebuilt = reach('launchingShadow');
+    expect(rebuilt.context.generation).toBe(1);
+    const result = step(rebuilt, held(1, 'waitingBatchHost'));
+    expect(result.to).toBe('waitingBatchHost');
+    // The launched session job of generation 1 is the same shadow's: nothing to stop (its host stands down).
+    expect(result.actions).toEqual([]);
+    const ctx = result.snapshot.context;
+    expect(ctx).toMatchObject({ generation: 1, host: 'host-kept', ...BATCH, forwardsReadyAt: null });
+    expect(ctx.deadline).toEqual({
+      name: 'waitingBatchHost',
+      at: T0 + 5_000 + deadlineTimeout(ctx, 'waitingBatchHost'),
+      generation: 1,
+    });
+  });
+
+  it('a shadow of a newer generation (the pod had relaunched before the loss): the pod takes its generation, active, and stops the one it launched', () => {
+    const rebuilt = reach('launchingShadow');
+    const result = step(rebuilt, held(3, 'active'));
+    expect(result.to).toBe('active');
+    expect(result.actions).toEqual([{ type: 'stopShadow', params: { generation: 1, reason: 'adopted' } }]);
+    expect(result.snapshot.context).toMatchObject({
+      generation: 3,
+      host: 'host-kept',
+      ...BATCH,
+      attempts: 0,
+      forwardsReadyAt: T0 + 5_000,
+      relayAddresses: ['127.0.5.1'],
+      isolation: { relay: 'job', sockets: 'job' },
+      deadline: null,
+    });
+    // From now on the held shadow's reports drive the pod; the launched one's are stale.
+    const after = result.snapshot;
+    expect(step(after, { type: 'JOB_ENDED', at: T0 + 6_000, generation: 1 }).changed).toBe(false);
+    expect(step(after, { type: 'JOB_ENDED', at: T0 + 6_000, generation: 3 }).to).toBe('tearingDown');
+  });
+
+  it('the same phase at a newer generation re-enters it: its deadline is re-armed for the held generation', () => {
+    const waiting = reach('waitingBatchHost');
+    const result = step(waiting, held(2, 'waitingBatchHost'));
+    expect(result.to).toBe('waitingBatchHost');
+    expect(result.actions).toEqual([{ type: 'stopShadow', params: { generation: 1, reason: 'adopted' } }]);
+    expect(result.snapshot.context.deadline).toMatchObject({ name: 'waitingBatchHost', generation: 2 });
+  });
+
+  it('changes nothing when the pod is there already, is older news, or the pod is not waiting for a shadow', () => {
+    const active = reach('active');
+    expect(step(active, held(1, 'active')).changed).toBe(false);
+    expect(step(active, held(1, 'establishingForwards')).changed).toBe(false);
+    expect(step(reach('establishingForwards'), held(1, 'openingCarrier')).changed).toBe(false);
+    expect(step(reach('launchingShadow'), held(0, 'active')).changed).toBe(false);
+    for (const state of ['validating', 'rendering', 'tearingDown', 'failed'] as const) {
+      expect(step(reach(state), held(5, 'active')).changed, state).toBe(false);
     }
   });
 });

@@ -108,3 +108,12 @@ export async function stopWorker(worker: WorkerProcess, graceMs = 15_000): Promi
   await worker.exited;
   clearTimeout(timer);
 }
+
+/** kill -9 of every worker in WORKERS (woken first, should one be stopped), emptying the list, once each has exited. */
+export async function killWorkers(workers: WorkerProcess[]): Promise<void> {
+  for (const worker of workers.splice(0)) {
+    worker.kill('SIGCONT');
+    worker.kill('SIGKILL');
+    await worker.exited;
+  }
+}
