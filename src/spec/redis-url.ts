@@ -1,3 +1,4 @@
+import { isIP } from 'node:net';
 import type { RedisOptions } from 'ioredis';
 
 /**
@@ -88,7 +89,8 @@ export function parseRedisUrl(url: string, env: NodeJS.ProcessEnv = process.env)
         port: server.port,
         ...credentials,
         ...(database === undefined ? {} : { db: database }),
-        ...(tls ? { tls: { servername: server.host } } : {}),
+        // SNI carries names only (RFC 6066): Node warns at an address, and checks it against the certificate's IP SANs anyway.
+        ...(tls ? { tls: isIP(server.host) ? {} : { servername: server.host } } : {}),
       },
     };
   }

@@ -18,8 +18,10 @@ describe('Redis URLs: one server or a Sentinel set', () => {
       host: '::1',
       port: 6390,
       password: 'pw',
-      tls: { servername: '::1' },
     });
+    // SNI is for names: an address gets none (Node warns otherwise), a name gets itself.
+    expect(parseRedisUrl('rediss://:pw@[::1]:6390', {}).options.tls).toEqual({});
+    expect(parseRedisUrl('rediss://redis.example.org', {}).options.tls).toEqual({ servername: 'redis.example.org' });
   });
 
   it('reads sentinels (26379 by default), the master name and a database; follows failovers as they are announced', () => {
