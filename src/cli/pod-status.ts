@@ -1,3 +1,4 @@
+import { z } from 'zod';
 import type { PodReadDeps } from '../pods/fleet-deps.js';
 import { podRecordOf } from '../pods/pod-reader.js';
 import { jobIds } from '../pods/queues.js';
@@ -28,8 +29,29 @@ export interface PodStatus {
   history: HistoryRecord[];
 }
 
+/** What the pod's forwards carry now, as its session host last wrote it (forward-traffic.ts). */
+const trafficSchema = z.object({
+  at: z.number(),
+  host: z.string(),
+  generation: z.number(),
+  rttMs: z.number().optional(),
+  forwards: z.array(
+    z.object({
+      forward: z.string(),
+      open: z.number(),
+      opened: z.number(),
+      failed: z.number(),
+      toService: z.number(),
+      fromService: z.number(),
+    }),
+  ),
+});
+export type PodTraffic = z.infer<typeof trafficSchema>;
+
 export interface PodDetail extends PodStatus {
   lease: { holder: string; generation: number; expiresAt: number } | null;
+  /** Connections and bytes per forward while the shadow lives; null before its forwards, or once it ended. */
+  traffic: PodTraffic | null;
   /** Effects of the last transition not run yet (the outbox), and since when (ms); null when none. */
   pendingEffects: { effects: unknown; since: number } | null;
   steps: { id: string; name: string; state: string; attempts: number; failedReason?: string }[];
@@ -97,6 +119,7 @@ export async function podDetail(deps: PodReadDeps, uid: string): Promise<PodDeta
   if (!stored) return null;
   const status = statusOf(stored, await deps.store.history(uid));
   const lease = await deps.leases.get(uid);
+  const traffic = await readTraffic(deps, uid);
   const effectsSince = stored.outbox === null ? null : await deps.store.outboxSince(uid);
   const steps: PodDetail['steps'] = [];
   const generation = status.generation ?? 0;
@@ -131,7 +154,20 @@ export async function podDetail(deps: PodReadDeps, uid: string): Promise<PodDeta
   return {
     ...status,
     lease: lease ? { holder: lease.holder, generation: lease.generation, expiresAt: lease.expiresAt } : null,
+    traffic,
     pendingEffects: stored.outbox === null ? null : { effects: stored.outbox, since: effectsSince ?? 0 },
     steps,
   };
+}
+
+/** The traffic its session host wrote; null when there is none, or it cannot be read (a newer host's?). */
+async function readTraffic(deps: PodReadDeps, uid: string): Promise<PodTraffic | null> {
+  const text = await deps.redis.get(deps.keys.traffic(uid));
+  if (text === null) return null;
+  try {
+    const parsed = trafficSchema.safeParse(JSON.parse(text));
+    return parsed.success ? parsed.data : null;
+  } catch {
+    return null;
+  }
 }

@@ -63,6 +63,7 @@ export function formatDetail(p: PodDetail): string {
     `effects     ${p.pendingEffects ? `${describeEffects(p.pendingEffects.effects)}, not run for ${formatAge(now - p.pendingEffects.since)}` : '-'}`,
     `last error  ${p.lastError ? `${p.lastError.kind}: ${p.lastError.message}` : '-'}`,
     '',
+    ...formatTraffic(p.traffic, now),
     'jobs',
     ...(p.steps.length === 0
       ? ['  -']
@@ -78,6 +79,39 @@ export function formatDetail(p: PodDetail): string {
     ),
   );
   return `${lines.join('\n')}\n`;
+}
+
+/** The pod's forwards: connections and bytes each, and the carrier's round trip ("the tunnel, or the service?"). */
+function formatTraffic(traffic: PodDetail['traffic'], now: number): string[] {
+  if (!traffic) return ['forwards    -', ''];
+  const rtt = traffic.rttMs === undefined ? '' : `, carrier round trip ${formatMs(traffic.rttMs)}`;
+  const width = Math.max(...traffic.forwards.map((f) => f.forward.length), 0);
+  return [
+    `forwards    as of ${formatAge(Math.max(0, now - traffic.at))} ago, on ${traffic.host}${rtt}`,
+    ...(traffic.forwards.length === 0
+      ? ['  - (no connection yet)']
+      : traffic.forwards.map(
+          (f) =>
+            `  ${f.forward.padEnd(width)}  ${f.open} open, ${f.opened} opened, ${f.failed} failed; ${formatBytes(f.toService)} to it, ${formatBytes(f.fromService)} from it`,
+        )),
+    '',
+  ];
+}
+
+function formatMs(ms: number): string {
+  return ms < 10 ? `${ms.toFixed(2)} ms` : `${Math.round(ms)} ms`;
+}
+
+/** Bytes as B, KiB, MiB or GiB. */
+export function formatBytes(n: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let value = n;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return unit === 0 ? `${n} B` : `${value.toFixed(1)} ${units[unit]}`;
 }
 
 /** `per job` or `per user`, for the relay and the sockets (docs/SECURITY.md). */

@@ -24,10 +24,19 @@ export interface EndpointDelta extends EndpointLabels {
   connectSeconds: number[];
 }
 
+/** What one thread's meter collected since its last report: per endpoint, and of its carriers. */
+export interface DataPlaneReport {
+  endpoints: EndpointDelta[];
+  /** Keepalive round trips of its carriers to their batch hosts' sshd, in seconds. */
+  carrierRttSeconds: number[];
+  /** Times one of its channels had data to send and no window left (ssh2's Channel, patched). */
+  windowStalls: number;
+}
+
 /** The session host's own thread's meter, read when scraped (tunnel threads send theirs). */
-let ownDeltas: () => EndpointDelta[] = () => [];
-export function reportDataPlane(source: () => EndpointDelta[]): void {
-  ownDeltas = source;
+let ownReport: () => DataPlaneReport | undefined = () => undefined;
+export function reportDataPlane(source: () => DataPlaneReport | undefined): void {
+  ownReport = source;
 }
 
 const forwardBytes = new Counter({
@@ -37,7 +46,8 @@ const forwardBytes = new Counter({
   registers: [registry],
   // Registered first of these, so a scrape applies this thread's deltas before it reads the others.
   collect() {
-    applyDataPlane(ownDeltas());
+    const own = ownReport();
+    if (own) applyDataPlane(own);
   },
 });
 
@@ -70,9 +80,24 @@ const connectSeconds = new Histogram({
   registers: [registry],
 });
 
-/** Adds one thread's deltas to the process's metrics. */
-export function applyDataPlane(deltas: readonly EndpointDelta[]): void {
-  for (const d of deltas) {
+const carrierRtt = new Histogram({
+  name: 'backhaul_carrier_rtt_seconds',
+  help: "Keepalive round trips of the carriers to their batch hosts' sshd (through the login node): the tunnel's own latency.",
+  buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5],
+  registers: [registry],
+});
+
+const windowStalls = new Counter({
+  name: 'backhaul_channel_window_stalls_total',
+  help: "Times one of the fleet's SSH channels (a forwarded connection, or a carrier's hop through the login node) had data to send and no window from the other side: it waited a round trip (a slow reader in the job, or a window too small for the path).",
+  registers: [registry],
+});
+
+/** Adds one thread's report to the process's metrics. */
+export function applyDataPlane(report: DataPlaneReport): void {
+  for (const s of report.carrierRttSeconds) carrierRtt.observe(s);
+  if (report.windowStalls > 0) windowStalls.inc(report.windowStalls);
+  for (const d of report.endpoints) {
     const labels = { namespace: d.namespace, service: d.service };
     if (d.toService > 0) forwardBytes.inc({ ...labels, direction: 'to_service' }, d.toService);
     if (d.fromService > 0) forwardBytes.inc({ ...labels, direction: 'from_service' }, d.fromService);

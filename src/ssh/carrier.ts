@@ -3,7 +3,8 @@ import ssh2, { type Client } from 'ssh2';
 import { type BatchJob, carrierCommands } from '../render/carrier-command.js';
 import { BOOTSTRAP_EXIT, HOSTKEY_PREFIX, renderBootstrap } from '../render/userspace-sshd.js';
 import type { CarrierMode } from '../spec/carrier-mode.js';
-import { RttEstimate, sampleRtt } from './channel-window.js';
+import { pingMs, RTT_SAMPLES_MS, RttEstimate, sampleRtt } from './channel-window.js';
+import { dataPlane } from './data-plane-meter.js';
 import { type KnownHostEntry, verifyHostKey } from './known-hosts.js';
 import { type LoginHop, sshLoginHop } from './login-hop.js';
 import { SessionError } from './session-error.js';
@@ -42,8 +43,13 @@ export interface Carrier {
    * opens, answered before the first forward request is: no round trip is added); undefined before.
    */
   readonly rttMs: number | undefined;
+  /** The last round trip measured (ms): a sample a second after it opened, then every CARRIER_RTT_EVERY_MS. */
+  readonly lastRttMs: number | undefined;
   close(): void;
 }
+
+/** How often an open carrier's round trip is measured, for backhaul_carrier_rtt_seconds and `status`. */
+export const CARRIER_RTT_EVERY_MS = 30_000;
 
 /**
  * Opens the carrier of ARCHITECTURE.md §3.6 through an open login connection:
@@ -122,7 +128,18 @@ function carrier(mode: CarrierMode, client: Client, serverMessages: ServerMessag
   let closing = false;
   // Sampled a few times (channel-window.ts): the first ping of a carrier waits behind its own set-up.
   const rtt = new RttEstimate();
-  const stopSampling = sampleRtt(client, rtt);
+  let lastRttMs: number | undefined;
+  const measured = (ms: number) => {
+    lastRttMs = ms;
+    dataPlane.carrierRtt(ms / 1000);
+  };
+  // The first two samples wait behind the carrier's own set-up: the estimate takes them, the metric does not.
+  const stopSampling = sampleRtt(client, rtt, undefined, RTT_SAMPLES_MS, (ms, index) => {
+    if (index >= 2) measured(ms);
+  });
+  const every = setInterval(() => pingMs(client).then(measured, () => undefined), CARRIER_RTT_EVERY_MS);
+  every.unref();
+  client.once('close', () => clearInterval(every));
   const lost = new Promise<string>((resolve) => {
     // `on`, not `once`: ssh2 may emit a second error (e.g. a keepalive timeout after a reset).
     client.on('error', (err: Error) => resolve(closing ? 'closed' : err.message));
@@ -137,9 +154,13 @@ function carrier(mode: CarrierMode, client: Client, serverMessages: ServerMessag
     get rttMs() {
       return rtt.ms;
     },
+    get lastRttMs() {
+      return lastRttMs;
+    },
     close() {
       closing = true;
       stopSampling();
+      clearInterval(every);
       client.end();
       for (const hop of hops) hop.end();
     },

@@ -85,6 +85,8 @@ export function sampleRtt(
   estimate: RttEstimate,
   onLower: (ms: number) => void = () => undefined,
   atMs: readonly number[] = RTT_SAMPLES_MS,
+  /** Every sample, with its index in AT_MS. */
+  onSample: (ms: number, index: number) => void = () => undefined,
 ): () => void {
   const timers: NodeJS.Timeout[] = [];
   let stopped = false;
@@ -92,11 +94,13 @@ export function sampleRtt(
     stopped = true;
     for (const t of timers) clearTimeout(t);
   };
-  for (const at of atMs) {
+  for (const [index, at] of atMs.entries()) {
     const timer = setTimeout(() => {
       if (stopped) return;
       pingMs(client).then((ms) => {
-        if (!stopped && estimate.sample(ms)) onLower(ms);
+        if (stopped) return;
+        onSample(ms, index);
+        if (estimate.sample(ms)) onLower(ms);
       }, stop);
     }, at);
     timer.unref();

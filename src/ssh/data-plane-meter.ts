@@ -1,5 +1,6 @@
+import { createRequire } from 'node:module';
 import type { Socket } from 'node:net';
-import type { DialFailure, EndpointDelta, EndpointLabels } from '../metrics/data-plane-metrics.js';
+import type { DataPlaneReport, DialFailure, EndpointDelta, EndpointLabels } from '../metrics/data-plane-metrics.js';
 
 export type { DialFailure } from '../metrics/data-plane-metrics.js';
 
@@ -23,9 +24,20 @@ interface Tracked {
   read: number;
 }
 
+/** ssh2's count of window stalls on this thread (our patch to its Channel.js); undefined unpatched. */
+const stallCounter = (createRequire(import.meta.url)('ssh2/lib/Channel.js') as { windowStalls?: { count: number } })
+  .windowStalls;
+
 export class DataPlaneMeter {
   private deltas = new Map<string, EndpointDelta>();
   private readonly open = new Set<Tracked>();
+  private rtts: number[] = [];
+  private stallsSeen = stallCounter?.count ?? 0;
+
+  /** One keepalive round trip of a carrier, in seconds. */
+  carrierRtt(seconds: number): void {
+    if (Number.isFinite(seconds) && seconds >= 0) this.rtts.push(seconds);
+  }
 
   private entry(labels: EndpointLabels): EndpointDelta {
     const key = `${labels.namespace}\u0000${labels.service}`;
@@ -68,12 +80,18 @@ export class DataPlaneMeter {
     t.read = read;
   }
 
-  /** What happened since the last call (open connections' bytes included); empty when nothing did. */
-  flush(): EndpointDelta[] {
+  /** What happened since the last call (open connections' bytes included); undefined when nothing did. */
+  flush(): DataPlaneReport | undefined {
     for (const t of this.open) this.sample(t);
-    const out = [...this.deltas.values()];
+    const endpoints = [...this.deltas.values()];
     this.deltas = new Map();
-    return out;
+    const carrierRttSeconds = this.rtts;
+    this.rtts = [];
+    const stalls = stallCounter?.count ?? 0;
+    const windowStalls = stalls - this.stallsSeen;
+    this.stallsSeen = stalls;
+    if (endpoints.length === 0 && carrierRttSeconds.length === 0 && windowStalls === 0) return undefined;
+    return { endpoints, carrierRttSeconds, windowStalls };
   }
 }
 

@@ -4,6 +4,7 @@ import type { AcceptConnection, Channel, Client, RejectConnection, UNIXConnectio
 import { setChannelWindow, type WindowGrant } from './channel-window.js';
 import { type DialFailure, dataPlane } from './data-plane-meter.js';
 import { type EndpointDialer, EndpointRefusedError } from './endpoint-dial.js';
+import { ForwardTally } from './forward-traffic.js';
 import { SessionError } from './session-error.js';
 
 /** One socket on the node and the one endpoint it may reach (ARCHITECTURE.md §3.6), or the SOCKS socket. */
@@ -40,6 +41,8 @@ export interface ForwardLog {
  */
 export class ReverseForwards {
   readonly stats: ForwardStats = { connections: 0, refused: 0, bytesToCluster: 0, bytesToJob: 0 };
+  /** By forward, for `backhaul status POD`. */
+  readonly traffic = new ForwardTally();
   private readonly byPath: Map<string, ForwardTarget>;
   private readonly open = new Set<Socket>();
   private readonly bound: string[] = [];
@@ -133,10 +136,12 @@ export class ReverseForwards {
     if ('socks' in target) {
       // The destination is known only once the SOCKS conversation names it: accept, then converse.
       this.stats.connections += 1;
+      this.traffic.opened('socks');
       target.socks.serve(this.acceptWithWindow(accept));
       return;
     }
     const dialedAt = performance.now();
+    const forward = `${target.dialHost}:${target.port}`;
     const socket = this.options.dialer.dial(target.dialHost, target.port);
     socket.setTimeout(this.options.connectTimeoutMs ?? 10_000);
     const fail = (err: Error, timedOut = false) => {
@@ -151,6 +156,7 @@ export class ReverseForwards {
             ? 'refused'
             : 'unreachable';
       dataPlane.failed(target.dialHost, reason);
+      this.traffic.failed(forward);
       this.log.warn(refused ? 'endpoint refused by the endpoint policy' : 'endpoint unreachable', {
         endpoint: `${target.dialHost}:${target.port}`,
         error: err.message,
@@ -165,6 +171,7 @@ export class ReverseForwards {
       socket.setTimeout(0);
       this.stats.connections += 1;
       dataPlane.opened(target.dialHost, socket, (performance.now() - dialedAt) / 1000);
+      this.traffic.opened(forward, socket);
       this.open.add(socket);
       const channel = this.acceptWithWindow(accept);
       const done = () => {

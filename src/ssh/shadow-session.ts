@@ -22,6 +22,7 @@ import { SOCKS_SOCKET } from '../spec/derivations.js';
 import { type Carrier, type CarrierSite, openCarrier } from './carrier.js';
 import { threadWindowBudget, windowForRtt } from './channel-window.js';
 import { type DialRules, EndpointDialer } from './endpoint-dial.js';
+import type { SessionTraffic } from './forward-traffic.js';
 import type { LoginHopLease, LoginHops } from './login-hop.js';
 import { execCapture, openExec } from './remote-exec.js';
 import { type ForwardLog, type ForwardStats, ReverseForwards } from './reverse-forwards.js';
@@ -153,6 +154,16 @@ export class ShadowSession {
 
   get batchJob(): SlurmJob | undefined {
     return this.job;
+  }
+
+  /** What its forwards carried so far, and the carrier's last round trip; undefined before the forwards. */
+  traffic(): SessionTraffic | undefined {
+    if (!this.forwards) return undefined;
+    const rttMs = this.carrier?.lastRttMs;
+    return {
+      ...(rttMs === undefined ? {} : { rttMs: Math.round(rttMs * 1000) / 1000 }),
+      forwards: this.forwards.traffic.snapshot(),
+    };
   }
 
   /** Runs the session to its end; never rejects (failures end as SESSION_FAILED). */

@@ -1,4 +1,5 @@
-import type { EndpointDelta } from '../metrics/data-plane-metrics.js';
+import type { DataPlaneReport } from '../metrics/data-plane-metrics.js';
+import type { SessionTraffic } from './forward-traffic.js';
 import type { RunOptions } from './login-hop.js';
 import type { ExecResult } from './remote-exec.js';
 import type { ServiceAnswer } from './service-directory.js';
@@ -78,7 +79,9 @@ export type FromThread =
   | { type: 'call'; call: number; request: HopCall }
   | { type: 'heap'; call: number; usedBytes: number }
   /** What the thread's forwarded connections did since the last report (data-plane-meter.ts). */
-  | { type: 'metrics'; deltas: EndpointDelta[] };
+  | { type: 'metrics'; report: DataPlaneReport }
+  /** What a shadow's forwards carried, when it changed (forward-traffic.ts). */
+  | { type: 'traffic'; id: string; traffic: SessionTraffic };
 
 export interface TunnelThreadData {
   /** Where a thread connects for its byte pipes (a unix socket in a 0700 directory of the session host). */

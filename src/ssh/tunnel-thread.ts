@@ -145,6 +145,8 @@ function reviveSite(site: CarrierSite): CarrierSite {
 }
 
 const shadows = new Map<string, ShadowSession>();
+/** The traffic last sent for each shadow: a report only when it changed. */
+const trafficSent = new Map<string, string>();
 
 port.on('message', (message: ToThread) => {
   switch (message.type) {
@@ -216,8 +218,17 @@ port.on('message', (message: ToThread) => {
 
 // The forwards' counts go to the session host's registry every couple of seconds.
 setInterval(() => {
-  const deltas = dataPlane.flush();
-  if (deltas.length > 0) post({ type: 'metrics', deltas });
+  const report = dataPlane.flush();
+  if (report) post({ type: 'metrics', report });
+  for (const [id, session] of shadows) {
+    const traffic = session.traffic();
+    if (!traffic) continue;
+    const text = JSON.stringify(traffic);
+    if (text === trafficSent.get(id)) continue;
+    trafficSent.set(id, text);
+    post({ type: 'traffic', id, traffic });
+  }
+  for (const id of trafficSent.keys()) if (!shadows.has(id)) trafficSent.delete(id);
 }, DATA_PLANE_REPORT_MS).unref();
 
 post({ type: 'ready' });

@@ -1,6 +1,7 @@
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { applyDataPlane } from '../metrics/data-plane-metrics.js';
+import type { SessionTraffic } from './forward-traffic.js';
 import { HopPipeServer } from './hop-pipes.js';
 import type { LoginHops } from './login-hop.js';
 import { LoginHopService } from './login-hop-service.js';
@@ -15,6 +16,8 @@ export interface Shadow {
   run(): Promise<ShadowEnd>;
   /** Ends it and waits until its teardown is over; idempotent. */
   close(reason?: string): Promise<void>;
+  /** What its forwards carried so far (from a tunnel thread: as of its last report, every couple of seconds). */
+  traffic(): SessionTraffic | undefined;
 }
 
 export interface TunnelThreadsLog {
@@ -49,6 +52,7 @@ interface Held {
   end(end: ShadowEnd): void;
   closing: Promise<void> | undefined;
   done: boolean;
+  traffic?: SessionTraffic;
 }
 
 /** One worker thread, its shadows and what it borrowed from the login pool. */
@@ -143,6 +147,7 @@ class TunnelThread {
         })();
         return held.closing;
       },
+      traffic: () => held.traffic,
     };
   }
 
@@ -246,8 +251,13 @@ class TunnelThread {
         this.finish(message.id, message.end);
         return;
       case 'metrics':
-        applyDataPlane(message.deltas);
+        applyDataPlane(message.report);
         return;
+      case 'traffic': {
+        const held = this.held.get(message.id);
+        if (held) held.traffic = message.traffic;
+        return;
+      }
       case 'heap':
         this.heapAsks.get(message.call)?.(message.usedBytes);
         this.heapAsks.delete(message.call);

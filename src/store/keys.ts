@@ -63,6 +63,13 @@ export class RedisKeys {
   hosts(): string {
     return `${this.prefix}hosts`;
   }
+  /**
+   * String (JSON): what the pod's forwards carry now (forward-traffic.ts), written by the session host
+   * holding its shadow while it changes, at least every 5 minutes, with a 15-minute TTL; removed at the session's end.
+   */
+  traffic(uid: string): string {
+    return `${this.prefix}traffic:${uid}`;
+  }
   /** Hash: id, since, recoverUntil; never deleted, so a Redis that lost its data is told by its absence (RedisEpoch). */
   epoch(): string {
     return `${this.prefix}epoch`;

@@ -36,6 +36,11 @@ import { RedisEpoch, recoveryWindowMs } from '../store/redis-epoch.js';
  */
 export const SESSION_LOCKS = { lockDuration: 4_000, stalledInterval: 2_000, maxStalledCount: 100_000 } as const;
 
+/** How often a session host writes what its shadows' forwards carry, at most (publishTraffic). */
+export const TRAFFIC_WRITE_MS = 5_000;
+const TRAFFIC_REFRESH_MS = 300_000;
+const TRAFFIC_TTL_S = 900;
+
 export type SessionOutcome = ShadowEnd | { type: 'STALE'; reason: string } | { type: 'HANDED_OVER' };
 
 /**
@@ -154,6 +159,9 @@ export class SessionHost {
   private recovery: Promise<boolean> | undefined;
   /** Session jobs whose lock could not be renewed, already said once (see the worker's error handler). */
   private readonly lockLost = new Set<string>();
+  /** What was last written of each shadow's traffic, and when (publishTraffic). */
+  private readonly trafficWritten = new Map<string, { text: string; at: number }>();
+  private readonly trafficTimer: NodeJS.Timeout;
   /** Carriers held at once, overall and per namespace (Backhaul.SessionCapacity, NamespaceCapacity). */
   private readonly slots: CarrierSlots;
 
@@ -194,6 +202,8 @@ export class SessionHost {
     this.worker.on('completed', (job) => this.lockLost.delete(job.id ?? ''));
     this.worker.on('failed', (job) => this.lockLost.delete(job?.id ?? ''));
     this.epoch = new RedisEpoch(deps.redis, deps.keys, recoveryWindowMs(b.LeaseTTL));
+    this.trafficTimer = setInterval(() => void this.publishTraffic(), TRAFFIC_WRITE_MS);
+    this.trafficTimer.unref();
     this.heartbeat = setInterval(() => {
       if (this.handingOver) return;
       deps.hosts
@@ -281,6 +291,7 @@ export class SessionHost {
     await Promise.all([...this.sessions.values()].map((held) => held.session.close('session host stopping')));
     await closing;
     clearInterval(this.heartbeat);
+    clearInterval(this.trafficTimer);
     await this.deps.hosts.unregister(this.hostId).catch(() => undefined);
     await this.tunnels?.close();
     this.access.pool.close();
@@ -415,9 +426,37 @@ export class SessionHost {
       clearInterval(renew);
       // After a stall (its job lock ran out, e.g. in a Redis outage) this host may have taken the same
       // job again: that newer session is the pod's now and must stay known (stop() closes what is here).
-      if (this.sessions.get(uid) === mine) this.sessions.delete(uid);
+      if (this.sessions.get(uid) === mine) {
+        this.sessions.delete(uid);
+        this.trafficWritten.delete(uid);
+        await deps.redis.del(deps.keys.traffic(uid)).catch(() => 0);
+      }
       if (!this.handingOver) await deps.leases.release(uid, mine.fence).catch(() => false);
     }
+  }
+
+  /**
+   * Writes what each shadow's forwards carry (`backhaul status POD`): when it changed since the last
+   * write, and at least every TRAFFIC_REFRESH_MS so the key (TTL TRAFFIC_TTL_S) outlives an idle tunnel.
+   * One pipeline for the host; idle shadows cost nothing between refreshes.
+   */
+  private async publishTraffic(): Promise<void> {
+    const { deps } = this;
+    const now = deps.now();
+    const pipeline = deps.redis.pipeline();
+    let writes = 0;
+    for (const [uid, held] of this.sessions) {
+      const traffic = held.session.traffic();
+      if (!traffic) continue;
+      const body = { host: this.hostId, generation: held.generation, ...traffic };
+      const text = JSON.stringify(body);
+      const last = this.trafficWritten.get(uid);
+      if (last && last.text === text && now - last.at < TRAFFIC_REFRESH_MS) continue;
+      pipeline.set(deps.keys.traffic(uid), JSON.stringify({ at: now, ...body }), 'EX', TRAFFIC_TTL_S);
+      this.trafficWritten.set(uid, { text, at: now });
+      writes += 1;
+    }
+    if (writes > 0) await pipeline.exec().catch(() => undefined);
   }
 
   /**

@@ -313,7 +313,8 @@ PYEOF
     expect(warnings).toContain('endpoint refused by the endpoint policy');
     expect(warnings).toContain('socks target refused by the endpoint policy');
     // The refusal is a dial failure of that Service, reason policy, in /metrics.
-    applyDataPlane(dataPlane.flush());
+    const report = dataPlane.flush();
+    if (report) applyDataPlane(report);
     const failures = (await registry.getSingleMetric('backhaul_forward_dial_failures_total')?.get())?.values ?? [];
     expect(
       failures.filter((v) => v.labels.namespace === 'user' && v.labels.service === 'minio'),
