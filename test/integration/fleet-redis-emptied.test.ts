@@ -20,6 +20,9 @@ import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../
  * the session host: it must keep them, re-assert its leases and registration, and the watch role must
  * rebuild each pod's record from the API server at once, the record taking back the shadow it had.
  */
+/** Pods active (each probing its forward) when Redis empties; one more waits for its node. */
+const ACTIVE = 12;
+
 describe('Redis restarted empty under active pods', () => {
   let kube: KubeHarness;
   let redis: RedisServer;
@@ -84,7 +87,7 @@ describe('Redis restarted empty under active pods', () => {
     workers.push(control, host);
     await Promise.all([workerStarted(control), workerStarted(host)]);
 
-    const active = await Promise.all([0, 1, 2, 3].map((i) => pod(`emptied-${i}`, 15600 + i)));
+    const active = await Promise.all(Array.from({ length: ACTIVE }, (_, i) => pod(`emptied-${i}`, 15600 + i)));
     const uids = active.map((p) => p.uid);
     const seen = async () =>
       `${await timelines(deps, uids)}\nhost log: ${host.log().slice(-4000)}\ncontrol log: ${control.log().slice(-3000)}`;
@@ -97,7 +100,7 @@ describe('Redis restarted empty under active pods', () => {
     });
     const before = await Promise.all(uids.map(view));
     // A pod whose job waits for its node (held by --begin) through the loss: it is in setup when Redis empties.
-    const waiting = await pod('emptied-waiting', 15610, ['--begin=now+25']);
+    const waiting = await pod('emptied-waiting', 15640, ['--begin=now+25']);
     await waitFor('the waiting pod launched', async () =>
       (await view(waiting.uid)).state === 'waitingBatchHost' ? true : undefined,
     );
