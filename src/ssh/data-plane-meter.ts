@@ -30,7 +30,7 @@ const stallCounter = (createRequire(import.meta.url)('ssh2/lib/Channel.js') as {
 
 export class DataPlaneMeter {
   private deltas = new Map<string, EndpointDelta>();
-  private readonly open = new Set<Tracked>();
+  private readonly open = new Map<Socket, Tracked>();
   private rtts: number[] = [];
   private stallsSeen = stallCounter?.count ?? 0;
 
@@ -49,19 +49,24 @@ export class DataPlaneMeter {
     return d;
   }
 
-  /** A connection to the endpoint at HOST is up after CONNECTSECONDS; its bytes are counted until it closes. */
+  /**
+   * A connection to the endpoint at HOST is up after CONNECTSECONDS; its bytes are counted until closed()
+   * (called by the connection's own close handler: an endpoint socket has listeners enough).
+   */
   opened(host: string, socket: Socket, connectSeconds: number): void {
     const labels = endpointLabels(host);
     const d = this.entry(labels);
     d.opened += 1;
     d.connectSeconds.push(connectSeconds);
-    const tracked: Tracked = { labels, socket, written: 0, read: 0 };
-    this.open.add(tracked);
-    socket.once('close', () => {
-      this.sample(tracked);
-      this.open.delete(tracked);
-      this.entry(labels).closed += 1;
-    });
+    this.open.set(socket, { labels, socket, written: 0, read: 0 });
+  }
+
+  closed(socket: Socket): void {
+    const tracked = this.open.get(socket);
+    if (!tracked) return;
+    this.sample(tracked);
+    this.open.delete(socket);
+    this.entry(tracked.labels).closed += 1;
   }
 
   failed(host: string, reason: DialFailure): void {
@@ -82,7 +87,7 @@ export class DataPlaneMeter {
 
   /** What happened since the last call (open connections' bytes included); undefined when nothing did. */
   flush(): DataPlaneReport | undefined {
-    for (const t of this.open) this.sample(t);
+    for (const t of this.open.values()) this.sample(t);
     const endpoints = [...this.deltas.values()];
     this.deltas = new Map();
     const carrierRttSeconds = this.rtts;

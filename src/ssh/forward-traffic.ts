@@ -49,17 +49,19 @@ export class ForwardTally {
     this.tally(forward).failed += 1;
   }
 
-  /** A connection that reached its endpoint; SOCKET (the endpoint's side) is counted until it closes. */
+  /** A connection that reached its endpoint; SOCKET (the endpoint's side) is counted until closed() (no listener of its own). */
   opened(forward: string, socket?: Socket): void {
     const t = this.tally(forward);
     t.opened += 1;
-    if (!socket) return;
-    t.live.add(socket);
-    socket.once('close', () => {
-      t.live.delete(socket);
-      t.toService += socket.bytesWritten;
-      t.fromService += socket.bytesRead;
-    });
+    if (socket) t.live.add(socket);
+  }
+
+  /** SOCKET closed: its bytes are counted for good. */
+  closed(forward: string, socket: Socket): void {
+    const t = this.byForward.get(forward);
+    if (!t?.live.delete(socket)) return;
+    t.toService += socket.bytesWritten;
+    t.fromService += socket.bytesRead;
   }
 
   snapshot(): ForwardTraffic[] {

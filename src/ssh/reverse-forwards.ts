@@ -177,6 +177,8 @@ export class ReverseForwards {
       const done = () => {
         // Count once, when the TCP side is gone.
         this.open.delete(socket);
+        dataPlane.closed(socket);
+        this.traffic.closed(forward, socket);
         this.stats.bytesToCluster += socket.bytesWritten;
         this.stats.bytesToJob += socket.bytesRead;
       };

@@ -532,7 +532,10 @@ describe('an endpoint in the cluster down, then up', () => {
 });
 
 describe('outages of the site', () => {
-  it('node sshd stopped 30 s (SIGSTOP), then continued: the session host keeps taking new pods while its carriers hang, and every pod is active again', async () => {
+  /** Long past keepalive's verdict on the carriers (3 × KeepaliveInterval 2 s), with room for 2 new pods meanwhile. */
+  const NODE_STOP_S = 20;
+
+  it(`node sshd stopped ${NODE_STOP_S} s (SIGSTOP), then continued: the session host keeps taking new pods while its carriers hang, and every pod is active again`, async () => {
     // Room for 6 shadows: the 3 hung ones, their relaunches and the 2 new pods fit only if the hung
     // processings end (their steps are bounded) and free their slots.
     const site = await fleetSite({}, { SessionCapacity: 6 });
@@ -571,11 +574,11 @@ describe('outages of the site', () => {
           (await Promise.all(pods.slice(3).map((p) => timeline(deps, p.uid)))).every((t) => t.includes('BATCH_HOST:'))
             ? true
             : undefined,
-        Math.max(1_000, stoppedAt + 29_000 - Date.now()),
+        Math.max(1_000, stoppedAt + (NODE_STOP_S - 1) * 1000 - Date.now()),
       ).catch(async (err: Error) => {
         throw new Error(`${err.message}\n${await timelines()}\nhost log: ${host.log().slice(-3000)}`);
       });
-      await sleep(Math.max(0, stoppedAt + 30_000 - Date.now()));
+      await sleep(Math.max(0, stoppedAt + NODE_STOP_S * 1000 - Date.now()));
     } finally {
       signalAll(h.site.node.processes(), 'SIGCONT');
     }
@@ -592,7 +595,7 @@ describe('outages of the site', () => {
       throw new Error(`${err.message}\n${await timelines()}\nhost log: ${host.log().slice(-4000)}`);
     });
     console.log(
-      `node sshd stopped 30 s: every pod (2 of them submitted during the stop) through again ${recovered - continuedAt} ms after it continued (${continuedAt - stoppedAt} ms stopped)\n${await timelines()}`,
+      `node sshd stopped ${NODE_STOP_S} s: every pod (2 of them submitted during the stop) through again ${recovered - continuedAt} ms after it continued (${continuedAt - stoppedAt} ms stopped)\n${await timelines()}`,
     );
     expect(recovered - continuedAt).toBeLessThan(60_000);
     // Nothing left of the carriers of before: one live carrier per pod.
