@@ -123,11 +123,12 @@ describe.each([
           : undefined,
       60_000,
     );
-    // Stopped 15 s in all, then woken: its lease is gone, its session ends, its teardown runs.
-    await sleep(Math.max(0, stoppedAt + 15_000 - Date.now()));
+    // Stopped 12 s in all (the takeover took the lease after its 3 s TTL and the job's 6 s stall), then
+    // woken: its lease is gone, its session ends, its teardown runs.
+    await sleep(Math.max(0, stoppedAt + 12_000 - Date.now()));
     const wokenAt = Date.now();
     signalAll([stale.child.pid ?? -1], 'SIGCONT');
-    await sleep(12_000);
+    await sleep(9_000);
 
     const seen = `timeline: ${await timeline(deps, podUid)}\nstale host log: ${stale.log().slice(-3000)}`;
     expect((await deps.store.load(podUid))?.state, seen).toBe('active');
@@ -135,7 +136,7 @@ describe.each([
     const plan = planFor(h, podUid, `${port}:127.0.0.1:${echo.port}`);
     for (const f of plan.forwards) expect(await exists(f.socketPath), `${f.socketPath}; ${seen}`).toBe(true);
     const text = await readFile(out, 'utf8');
-    expect(oksAfter(text, wokenAt + 8_000), `the job's tries after the stale host woke; ${seen}`).toBeGreaterThan(5);
+    expect(oksAfter(text, wokenAt + 5_000), `the job's tries after the stale host woke; ${seen}`).toBeGreaterThan(5);
     expect(await timeline(deps, podUid)).not.toContain('tearingDown');
   }, 240_000);
 });
@@ -604,7 +605,7 @@ describe('outages of the site', () => {
 
   it.each([
     // Short: it ends while the relaunches still wait for the login node's handshake.
-    { seconds: 20, connectTimeout: '20s', unreachable: false },
+    { seconds: 15, connectTimeout: '20s', unreachable: false },
     // Six handshake timeouts long (as 120 s is with the default 20 s): every relaunch fails to reach the
     // login node several times over, which without the site-wide rule would spend 3 launches.
     { seconds: 18, connectTimeout: '3s', unreachable: true },

@@ -82,7 +82,7 @@ describe('Redis restarts or hangs while pods are active', () => {
       expect(await waitFor('pod readable', async () => (await state(p)) ?? undefined, 20_000)).toBeTruthy();
     // No shadow was replaced: its session renewed its expired lease by its token, and its stalled job,
     // back on the same host, stood for it. Same generation, same token, still active a while later.
-    await new Promise((r) => setTimeout(r, 8_000));
+    await new Promise((r) => setTimeout(r, 6_000));
     expect(await holders()).toEqual(before);
     // The fleet carries on: a delete is torn down, a new pod comes up.
     await sendEvent(deps.queues, pods[0] ?? '', { type: 'POD_DELETED', at: Date.now() });
@@ -139,7 +139,7 @@ describe('Redis restarts or hangs while pods are active', () => {
       throw new Error(`${err.message}\n${await timelines(deps, uids)}\nhost log: ${host.log().slice(-3000)}`);
     });
     // Let a renewal round or two run, then look again: nothing flaps.
-    await new Promise((r) => setTimeout(r, 6_000));
+    await new Promise((r) => setTimeout(r, 4_000));
     const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8')));
     const failsDuring = texts.map((t) => failsAfter(t, stoppedAt));
     const all = await timelines(deps, uids);
