@@ -54,6 +54,8 @@ const { values } = parseArgs({
     warm: { type: 'string', default: '10' },
     wave: { type: 'string', default: '10' },
     'idle-ms': { type: 'string', default: '15000' },
+    /** The pauses after the warm shadows (3 s) and before the second heap reading (5 s); the CI smoke shortens both. */
+    'pause-ms': { type: 'string' },
     'jobs-file': { type: 'string' },
     redis: { type: 'string', default: 'redis://127.0.0.1:6379/9' },
     run: { type: 'string' },
@@ -65,6 +67,7 @@ const WARM = Number(values.warm);
 const WAVE = Number(values.wave);
 const JOB_BATCH = 10;
 const IDLE_MS = Number(values['idle-ms']);
+const PAUSE_MS = values['pause-ms'] === undefined ? undefined : Number(values['pause-ms']);
 const URL_ = values.redis ?? 'redis://127.0.0.1:6379/9';
 const gc = (globalThis as { gc?: () => void }).gc;
 if (!gc) throw new Error('run with node --expose-gc');
@@ -382,7 +385,7 @@ function readFileSafe(path: string): string {
 const warmUids = uids.slice(0, WARM);
 const mainUids = uids.slice(WARM);
 await inWaves(warmUids);
-await sleep(3_000);
+await sleep(PAUSE_MS ?? 3_000);
 const before = await heapNow();
 const memBefore = memAvailable();
 const pssBefore = carrierPssKiB();
@@ -397,7 +400,7 @@ const pssAfter = carrierPssKiB();
 const sockets = await socketsPresent(mainUids);
 const expectedSockets = mainUids.length * 2;
 // Once more a little later: a steady heap, not one caught mid-allocation.
-await sleep(5_000);
+await sleep(PAUSE_MS ?? 5_000);
 const later = await heapNow();
 
 const result = {

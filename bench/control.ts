@@ -15,7 +15,8 @@
  *   shadows      heap per idle shadow on the loopback site (bench/control-shadows.ts, in a child with
  *                --expose-gc), BENCH_SHADOWS shadows (100) in each of BENCH_SHADOW_MODES (session,raw), after
  *                BENCH_SHADOW_WARM (10) warm ones, read after BENCH_SHADOW_IDLE_MS (15000) of idling; the
- *                heap of every thread (the session host's tunnel threads hold the carriers).
+ *                heap of every thread (the session host's tunnel threads hold the carriers). BENCH_SHADOW_PAUSE_MS
+ *                shortens its two settling pauses (3 s, 5 s): the CI smoke test does.
  *
  * Other settings: BENCH_REPEAT (3) runs of each end-to-end configuration (median and best are reported);
  * BENCH_EXP_REPEAT (2) runs of each experiment; BENCH_QUIET (30): seconds to wait, before each run, for the
@@ -63,6 +64,8 @@ const SHADOW_MODES = (process.env.BENCH_SHADOW_MODES ?? 'session,raw').split(','
 /** Shadows established before the baseline heap is read (one-time costs), and the idling before the reading. */
 const SHADOW_WARM = Number(process.env.BENCH_SHADOW_WARM ?? 10);
 const SHADOW_IDLE_MS = Number(process.env.BENCH_SHADOW_IDLE_MS ?? 15_000);
+/** The shadows part's two pauses (3 s after the warm shadows, 5 s before the second reading); unset: those. */
+const SHADOW_PAUSE_MS = process.env.BENCH_SHADOW_PAUSE_MS;
 
 interface Experiment {
   name: string;
@@ -515,6 +518,7 @@ async function idleShadows(mode: string): Promise<unknown> {
         String(warm),
         '--idle-ms',
         String(SHADOW_IDLE_MS),
+        ...(SHADOW_PAUSE_MS === undefined ? [] : ['--pause-ms', SHADOW_PAUSE_MS]),
         '--jobs-file',
         jobsFile,
         '--run',

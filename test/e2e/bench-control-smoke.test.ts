@@ -59,6 +59,7 @@ beforeAll(async () => {
           BENCH_SHADOWS: '2',
           BENCH_SHADOW_WARM: '1',
           BENCH_SHADOW_IDLE_MS: '1000',
+          BENCH_SHADOW_PAUSE_MS: '500',
           BENCH_JSON: join(dir, 'figures.json'),
         },
       },
