@@ -10,7 +10,7 @@ import { type ProcessFleetSite, processFleetSite } from '../fixtures/fleet-harne
 import { type KubeHarness, kubeHarness, reversePod, VIRTUAL_NODE } from '../fixtures/kube-harness.js';
 import { RedisServer } from '../fixtures/redis-server.js';
 import { jobScript, planFor, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch } from '../fixtures/slurm.js';
+import { cancelSubmittedJobs, sbatch, scontrol } from '../fixtures/slurm.js';
 import { freePort } from '../fixtures/sshd.js';
 import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
@@ -99,8 +99,8 @@ describe('Redis restarted empty under active pods', () => {
       throw new Error(`${err.message}\n${await seen()}`);
     });
     const before = await Promise.all(uids.map(view));
-    // A pod whose job waits for its node (held by --begin) through the loss: it is in setup when Redis empties.
-    const waiting = await pod('emptied-waiting', 15640, ['--begin=now+15']);
+    // A pod whose job waits for its node (held until after the loss): it is in setup when Redis empties.
+    const waiting = await pod('emptied-waiting', 15640, ['--hold']);
     await waitFor('the waiting pod launched', async () =>
       (await view(waiting.uid)).state === 'waitingBatchHost' ? true : undefined,
     );
@@ -154,6 +154,7 @@ describe('Redis restarted empty under active pods', () => {
     expect(control.log(), detail).toContain("Redis lost its data: rebuilding every pod's record");
 
     // The pod that waited for its node through the loss comes up once its job starts.
+    await scontrol(['release', waiting.jobId]);
     await waitFor(
       'the waiting pod active',
       async () => ((await view(waiting.uid)).state === 'active' ? true : undefined),
