@@ -37,10 +37,10 @@ export interface PodWatcherOptions extends PodInformerOptions {
 /** The teardown reason of a served pod the cluster refuses (in its history, and what lifts it). */
 const REFUSED_BY_CLUSTER = 'refused-by-cluster';
 
-/** Deduplication ids of the events the watcher sends (no ':' — ARCHITECTURE.md §3.8). */
 /** How often the watch role looks whether Redis lost its data (one small Lua call). */
 const EPOCH_CHECK_MS = 2_000;
 
+/** Deduplication ids of the events the watcher sends (no ':' — ARCHITECTURE.md §3.8). */
 export const watchEventIds = {
   upsert: (uid: string, resourceVersion: string) => `${uid}-upsert-${resourceVersion || 'x'}`,
   gone: (uid: string, event: GoneEvent) => `${uid}-${event.event === 'POD_DELETED' ? 'deleted' : 'teardown'}`,

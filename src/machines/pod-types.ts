@@ -184,6 +184,13 @@ export interface TunnelIsolation {
 /** The phases a shadow reports up to, as the states its pod is in after each report. */
 export const SHADOW_PHASE_STATES = ['waitingBatchHost', 'openingCarrier', 'establishingForwards', 'active'] as const;
 export type ShadowPhaseState = (typeof SHADOW_PHASE_STATES)[number];
+/** The state each phase report moves a pod to (pod-machine.ts's advanceTo, the same pairs). */
+export const REPORT_STATES = {
+  SHADOW_UP: 'waitingBatchHost',
+  BATCH_HOST: 'openingCarrier',
+  CARRIER_OPEN: 'establishingForwards',
+  FORWARDS_READY: 'active',
+} as const satisfies Record<string, ShadowPhaseState>;
 
 /**
  * A session host still holds a live shadow of this pod after Redis lost its data (the pod's record was

@@ -19,7 +19,7 @@ export interface CreateRedisOptions {
 
 /**
  * A connection to Redis, from `--redis URL`, else REDIS_URL, else the local default (ARCHITECTURE.md §3.10):
- * one server, or the master a set of sentinels names (src/store/redis-url.ts). Throws RedisUrlError on a
+ * one server, or the master a set of sentinels names (src/spec/redis-url.ts). Throws RedisUrlError on a
  * URL it cannot read.
  */
 export function createRedis(url?: string, opts: CreateRedisOptions = {}): Redis {

@@ -1,7 +1,14 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { type Job, WaitingError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
-import { type PodEvent, type ShadowPhaseState, stateHasTag, type TunnelIsolation } from '../machines/pod-machine.js';
+import {
+  type PodEvent,
+  REPORT_STATES,
+  SHADOW_PHASE_STATES,
+  type ShadowPhaseState,
+  stateHasTag,
+  type TunnelIsolation,
+} from '../machines/pod-machine.js';
 import { jobStateName } from '../machines/pod-schema.js';
 import { reportDataPlane } from '../metrics/data-plane-metrics.js';
 import {
@@ -13,7 +20,7 @@ import {
   sshCrypto,
 } from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
-import { readPod } from '../pods/pod-reader.js';
+import { type PodView, readPod } from '../pods/pod-reader.js';
 import { QUEUE_NAMES, type SessionJobData, sendEvent } from '../pods/queues.js';
 import { siteIsolation } from '../site/doctor/isolation-check.js';
 import { carrierMode } from '../spec/carrier-mode.js';
@@ -21,6 +28,7 @@ import { CarrierSlots } from '../ssh/carrier-slots.js';
 import { sshCryptoPath } from '../ssh/crypto-path.js';
 import { dataPlane } from '../ssh/data-plane-meter.js';
 import { dialRulesOf } from '../ssh/endpoint-dial.js';
+import type { SessionTraffic } from '../ssh/forward-traffic.js';
 import { NO_CLUSTER_DIRECTORY, type ServiceDirectory } from '../ssh/service-directory.js';
 import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
 import { ShadowSession, type ShadowSessionOptions } from '../ssh/shadow-session.js';
@@ -52,35 +60,20 @@ interface HeldShadow {
   generation: number;
   fence: number;
   session: Shadow;
-  reached: ShadowPhaseState | 'launchingShadow';
+  /** The state its reports put the pod in: waitingBatchHost from the start (it holds the lease). */
+  reached: ShadowPhaseState;
   batchHost?: string;
   jobId?: string;
   addresses?: string[];
   isolation?: TunnelIsolation;
 }
 
-/** How the state a phase report puts its pod in, for SHADOW_HELD. */
-const PHASE_STATE: Partial<Record<ShadowPhase['type'], ShadowPhaseState>> = {
-  SHADOW_UP: 'waitingBatchHost',
-  BATCH_HOST: 'openingCarrier',
-  CARRIER_OPEN: 'establishingForwards',
-  FORWARDS_READY: 'active',
-};
-const PHASE_ORDER: readonly HeldShadow['reached'][] = [
-  'launchingShadow',
-  'waitingBatchHost',
-  'openingCarrier',
-  'establishingForwards',
-  'active',
-];
-
 /** What a host tells a rebuilt pod record of a shadow it kept. */
 function heldEvent(held: HeldShadow, hostId: string, at: number): PodEvent {
-  const phase = held.reached === 'launchingShadow' ? 'waitingBatchHost' : held.reached;
   return {
     type: 'SHADOW_HELD',
     host: hostId,
-    phase,
+    phase: held.reached,
     generation: held.generation,
     lease: held.fence,
     ...(held.batchHost && held.jobId ? { batchHost: held.batchHost, jobId: held.jobId } : {}),
@@ -130,8 +123,8 @@ function eventOf(phase: ShadowPhase, generation: number, lease: number, hostId: 
 
 /** Keeps how far a shadow's reports got, for SHADOW_HELD. */
 function noteReached(held: HeldShadow, phase: ShadowPhase): void {
-  const state = PHASE_STATE[phase.type];
-  if (state && PHASE_ORDER.indexOf(state) > PHASE_ORDER.indexOf(held.reached)) held.reached = state;
+  const state = REPORT_STATES[phase.type as keyof typeof REPORT_STATES] as ShadowPhaseState | undefined;
+  if (state && SHADOW_PHASE_STATES.indexOf(state) > SHADOW_PHASE_STATES.indexOf(held.reached)) held.reached = state;
   if (phase.type === 'BATCH_HOST') {
     held.batchHost = phase.batchHost;
     held.jobId = phase.jobId;
@@ -160,7 +153,7 @@ export class SessionHost {
   /** Session jobs whose lock could not be renewed, already said once (see the worker's error handler). */
   private readonly lockLost = new Set<string>();
   /** What was last written of each shadow's traffic, and when (publishTraffic). */
-  private readonly trafficWritten = new Map<string, { text: string; at: number }>();
+  private readonly trafficWritten = new Map<string, { traffic: SessionTraffic; text: string; at: number }>();
   private readonly trafficTimer: NodeJS.Timeout;
   /** Carriers held at once, overall and per namespace (Backhaul.SessionCapacity, NamespaceCapacity). */
   private readonly slots: CarrierSlots;
@@ -394,7 +387,7 @@ export class SessionHost {
       },
     };
     const session: Shadow = this.tunnels ? this.tunnels.startShadow(options) : new ShadowSession(options);
-    held = { uid, generation, fence: lease.token, session, reached: 'launchingShadow' };
+    held = { uid, generation, fence: lease.token, session, reached: 'waitingBatchHost' };
     const mine = held;
     this.sessions.set(uid, mine);
     shadowsHeld.inc();
@@ -448,12 +441,15 @@ export class SessionHost {
     for (const [uid, held] of this.sessions) {
       const traffic = held.session.traffic();
       if (!traffic) continue;
+      const last = this.trafficWritten.get(uid);
+      const due = !last || now - last.at >= TRAFFIC_REFRESH_MS;
+      // A tunnel thread's shadow hands back the report it last sent until it sends another: nothing new.
+      if (!due && last.traffic === traffic) continue;
       const body = { host: this.hostId, generation: held.generation, ...traffic };
       const text = JSON.stringify(body);
-      const last = this.trafficWritten.get(uid);
-      if (last && last.text === text && now - last.at < TRAFFIC_REFRESH_MS) continue;
+      if (!due && last.text === text) continue;
       pipeline.set(deps.keys.traffic(uid), JSON.stringify({ at: now, ...body }), 'EX', TRAFFIC_TTL_S);
-      this.trafficWritten.set(uid, { text, at: now });
+      this.trafficWritten.set(uid, { traffic, text, at: now });
       writes += 1;
     }
     if (writes > 0) await pipeline.exec().catch(() => undefined);
@@ -482,27 +478,40 @@ export class SessionHost {
       { host: this.hostId, shadows: held.length },
       "Redis lost its data: re-asserting the leases of this host's shadows; their tunnels stay up",
     );
-    shadowsReasserted.inc(held.length);
     await Promise.all(held.map((shadow) => this.reassertOne(shadow)));
     return true;
   }
 
+  /**
+   * Takes one shadow's lease again. A Redis that just came back may fail a call: it is tried again within
+   * the recovery window (the epoch is known by now, so a later renewal would not look for the loss again,
+   * and would end the session instead).
+   */
   private async reassertOne(held: HeldShadow): Promise<void> {
     const { deps } = this;
     const log = deps.log.child({ uid: held.uid, generation: held.generation, host: this.hostId });
-    const got = await deps.leases
-      .acquire(held.uid, this.hostId, held.generation, deps.config.Backhaul.LeaseTTL, { reassert: true })
-      .catch((err: unknown) => {
-        log.warn({ err }, 'could not re-assert a lease (the next renewal looks again)');
-        return undefined;
-      });
-    if (!got) return;
-    if (!got.ok) {
-      void held.session.close(`lease ${got.reason} after Redis lost its data`);
-      return;
+    const ttl = deps.config.Backhaul.LeaseTTL;
+    const giveUpAt = Date.now() + recoveryWindowMs(ttl);
+    for (let wait = 250; ; wait = Math.min(2 * wait, 2_000)) {
+      try {
+        const got = await deps.leases.acquire(held.uid, this.hostId, held.generation, ttl, { reassert: true });
+        if (!got.ok) {
+          void held.session.close(`lease ${got.reason} after Redis lost its data`);
+          return;
+        }
+        held.fence = got.lease.token;
+        shadowsReasserted.inc();
+        void this.tellRebuiltRecord(held, log);
+        return;
+      } catch (err) {
+        if (Date.now() + wait > giveUpAt || this.sessions.get(held.uid) !== held) {
+          log.warn({ err }, 'could not re-assert a lease after Redis lost its data: the session ends');
+          void held.session.close('lease lost with Redis data, not re-asserted');
+          return;
+        }
+        await sleep(wait);
+      }
     }
-    held.fence = got.lease.token;
-    void this.tellRebuiltRecord(held, log);
   }
 
   /**
@@ -514,24 +523,33 @@ export class SessionHost {
     const { deps } = this;
     for (let round = 0; this.sessions.get(held.uid) === held && !this.handingOver; round += 1) {
       const pod = await readPod(deps, held.uid).catch(() => null);
-      if (pod) {
-        const ctx = pod.context;
-        if (ctx.generation === held.generation && ctx.host === this.hostId && stateHasTag(pod.state, 'shadowRunning')) {
-          log.info({ state: pod.state }, "the pod's rebuilt record took back its shadow");
-          return;
-        }
-        if (ctx.generation > held.generation || !stateHasTag(pod.state, 'shadow')) {
-          if (pod.state !== 'validating' && pod.state !== 'rendering') {
-            void held.session.close(`the pod's rebuilt record went on without this shadow (${pod.state})`);
-            return;
-          }
-        }
+      const verdict = pod ? this.recordOnShadow(pod, held) : 'waits';
+      if (verdict === 'took') {
+        log.info({ state: pod?.state }, "the pod's rebuilt record took back its shadow");
+        return;
+      }
+      if (verdict === 'went-on') {
+        void held.session.close(`the pod's rebuilt record went on without this shadow (${pod?.state})`);
+        return;
       }
       await sendEvent(deps.queues, held.uid, heldEvent(held, this.hostId, deps.now())).catch((err: unknown) =>
         log.warn({ err }, 'could not tell the pod of its shadow'),
       );
       await sleep(round < 30 ? 1_000 : 10_000);
     }
+  }
+
+  /**
+   * What a rebuilt record says of a kept shadow: it `took` it (its generation, this host, running), it
+   * `went-on` without it (a newer generation, or out of the shadow states past its first steps), or it
+   * still `waits` (being validated and rendered, or launching before SHADOW_HELD reached it).
+   */
+  private recordOnShadow(pod: PodView, held: HeldShadow): 'took' | 'went-on' | 'waits' {
+    const { state, context } = pod;
+    if (context.generation === held.generation && context.host === this.hostId && stateHasTag(state, 'shadowRunning'))
+      return 'took';
+    if (state === 'validating' || state === 'rendering') return 'waits';
+    return context.generation > held.generation || !stateHasTag(state, 'shadow') ? 'went-on' : 'waits';
   }
 
   /** Puts the shadow back in the queue for another host and frees the lease at once. */

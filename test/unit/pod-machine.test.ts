@@ -19,6 +19,7 @@ import {
   persistPod,
   podActionsSchema,
   podMachine,
+  REPORT_STATES,
   RestoreError,
   restorePod,
   SESSION_REPORT_TYPES,
@@ -462,6 +463,12 @@ describe('pod machine: session reports in every shadow state', () => {
       DEADLINE: 'ignored',
     },
   };
+  it('REPORT_STATES (what a session host keeps of its shadow, for SHADOW_HELD) says what the chart does', () => {
+    for (const [type, state] of Object.entries(REPORT_STATES)) {
+      expect(table.launchingShadow[type as keyof typeof REPORT_STATES], type).toBe(state);
+    }
+  });
+
   const cases = SHADOW_STATES.flatMap((state) =>
     Object.entries(table[state]).map(([type, expected]) => ({
       state,
