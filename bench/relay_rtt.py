@@ -232,14 +232,19 @@ def main():
         server = None
     else:
         server = echo_server(sock_path)
+    # As the prelude and the fleet start it: the boot binds and says ready, then execs the relay it
+    # finds in the socket dir (delivered there before it starts, here).
+    shutil.copyfile(args.relay, os.path.join(work, "relay.py"))
+    boot = os.path.join(os.path.dirname(os.path.abspath(args.relay)), "relay-boot.py")
     relay = subprocess.Popen(
-        [sys.executable, args.relay, "serve", "--uid", str(uuid.uuid4()), "--socket-dir", work,
-         "--forward", str(PORT)],
+        [sys.executable, boot, "serve", "--foreground", "--uid=" + str(uuid.uuid4()), "--socket-dir=" + work,
+         "--forward=%d" % PORT],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = relay.stdout.readline().strip()
-        if not line.startswith("ready "):
-            raise RuntimeError("relay did not start: %r %s" % (line, relay.stderr.read()))
+        running = relay.stdout.readline().strip()
+        if not line.startswith("ready ") or not running.startswith("isolation "):
+            raise RuntimeError("relay did not start: %r %r %s" % (line, running, relay.stderr.read()))
         address = line.split()[1]
         rounds = []
         if args.clients > 1:

@@ -4,8 +4,9 @@
  * own cleanup (harness.ts), so a benchmark that fails half-way leaves nothing behind.
  */
 import { randomBytes } from 'node:crypto';
-import { readFile, rm, stat, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { chmodSync } from 'node:fs';
+import { copyFile, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
 import { bindAddress } from '../src/spec/derivations.js';
 import { type Carrier, openCarrier } from '../src/ssh/carrier.js';
 import type { LoginLease } from '../src/ssh/login-pool.js';
@@ -15,7 +16,7 @@ import { loopbackDialer } from '../test/fixtures/dial-rules.js';
 import type { LoopbackSite } from '../test/fixtures/loopback-site.js';
 import { freePort, isAlive } from '../test/fixtures/sshd.js';
 import type { TestUser } from '../test/fixtures/users.js';
-import { type Child, onCleanup, PYTHON, say, start, waitForSocket } from './harness.js';
+import { type Child, onCleanup, PYTHON, ROOT, say, start, waitForSocket } from './harness.js';
 
 /** The one cipher both sshds accept in the benchmarks: ssh2 and OpenSSH use it on every hop. */
 export const CIPHER = 'aes128-gcm@openssh.com';
@@ -125,9 +126,10 @@ export async function openBackhaulForwards(
 }
 
 /**
- * The job-side relay (src/render/relay.py) in front of forwarded sockets, as the prelude starts it: as
- * the job user (it passes only peers of its own uid), on the pod's derived loopback address, each
- * forward on its own cluster port. RELAY is a copy readable by the job user.
+ * The job-side relay (src/render/relay.py) in front of forwarded sockets, as the prelude and the fleet
+ * start it: the boot (relay-boot.py, next to RELAY) binds the pod's derived loopback address as the job
+ * user (it passes only peers of its own uid), each forward on its own cluster port, and execs the relay
+ * delivered into the socket dir. RELAY is a copy readable by the job user.
  */
 export async function startRelay(
   user: TestUser,
@@ -138,22 +140,25 @@ export async function startRelay(
   const uid = `bench-${randomBytes(6).toString('hex')}`;
   const address = bindAddress(uid);
   const ports = await Promise.all(forwards.map(() => freePort(address)));
+  const boot = join(dirname(relay), 'relay-boot.py');
+  await copyFile(join(ROOT, 'src', 'render', 'relay-boot.py'), boot);
+  chmodSync(boot, 0o644);
+  await copyFile(relay, join(socketDir, 'relay.py'));
+  chmodSync(join(socketDir, 'relay.py'), 0o644);
   const child = start(
     'relay',
     PYTHON,
     [
-      relay,
+      boot,
       'serve',
-      '--uid',
-      uid,
-      '--socket-dir',
-      socketDir,
-      ...forwards.flatMap((f, i) => ['--forward', `${ports[i]}=${f.socket}`]),
-      '--bind',
-      address,
+      '--foreground',
+      `--uid=${uid}`,
+      `--socket-dir=${socketDir}`,
+      `--forward=${forwards.map((f, i) => `${ports[i]}=${f.socket}`).join(' ')}`,
+      `--bind=${address}`,
     ],
     user,
   );
-  await child.line(/^ready /, 15_000);
+  await child.line(/^isolation /, 15_000);
   return { address, ports, child };
 }

@@ -46,13 +46,11 @@ import { CIPHER, openBackhaulForwards, openSshReverse, PINNED_CIPHER } from './s
 
 const PEER_SOURCE = join(ROOT, 'bench', 'tunnel_peer.py');
 const PIPE = join(ROOT, 'bench', 'tunnel-pipe.ts');
-const RELAY_SOURCE = join(ROOT, 'src', 'render', 'relay.py');
 /**
  * Copies in the work dir, made at start: readable by the job user whatever the checkout's modes,
  * and immune to the checkout changing under a long run.
  */
 let PEER = PEER_SOURCE;
-let RELAY = RELAY_SOURCE;
 
 // ------------------------------------------------------------------------------------------ settings
 
@@ -526,11 +524,8 @@ async function main(): Promise<void> {
   block = randomBytes(MiB);
   await writeFile(blockPath, block, { mode: 0o644 });
   PEER = join(work, 'tunnel_peer.py');
-  RELAY = join(work, 'relay.py');
   await copyFile(PEER_SOURCE, PEER);
-  await copyFile(RELAY_SOURCE, RELAY);
   chmodSync(PEER, 0o644);
-  chmodSync(RELAY, 0o644);
 
   const sink = start('sink', PYTHON, [PEER, 'sink', '--block', blockPath]);
   const sinkPort = (JSON.parse(await sink.line(/"listening"/, 15_000)) as { listening: number }).listening;

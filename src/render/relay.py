@@ -10,44 +10,19 @@ on, to the unix socket that the SSH reverse forward ended in
 (``<socket dir>/<port>.sock``). Anything else is closed at once.
 
 Python 3.6+ standard library only (compute nodes have python3, not Node.js).
-The derivations must match src/spec/derivations.ts (ARCHITECTURE.md section 3.3); both
-are checked against test/vectors/derivations.json.
+The fleet delivers it over the carrier; the prelude's boot (relay-boot.py) binds
+the pod's addresses and execs it on the listeners (ARCHITECTURE.md 3.5).
 
-Commands
---------
-``relay.py derive (--uid UID | --uid-from-env VAR) --socket-root ROOT [--group K]``
-    Prints one line ``<bindAddress> <socketDir>`` and exits 0.
-
-    * ``h = FNV-1a-32(UTF-8 bytes of UID)``; bind address
-      ``127.(1 + ((h>>16)&255) % 254).((h>>8)&255).(1 + (h&255) % 254)``.
-      For address group K > 0 (one address per Service), the same of
-      ``UID + "/" + K`` (decimal K; "/" is not a UID character).
-    * socket dir ``<ROOT without trailing slashes>/bh-<first 16 hex digits of
-      sha256(UID)>`` (ROOT "/" gives "/bh-..."); socket path
-      ``<socket dir>/<port>.sock``.
-
-    ``--uid`` may be empty here (the derivation is defined for it).
-
-``relay.py serve (--uid UID | --uid-from-env VAR) --socket-dir DIR
---forward [GROUP:]PORT[=SOCKETPATH] [--forward ...] [--bind ADDR ...] [--job-only]``
-    * UID comes from ``--uid`` or from the environment variable named by
-      ``--uid-from-env`` (e.g. SLURM_JOB_NAME); it must not be empty.
-    * GROUP (default 0) is the forward's address group: the forwards to one
-      Service share one address, each Service has its own, so two Services
-      may listen on one port. Groups are numbered 0..n-1 without gaps.
-    * Without ``--bind``, each group's derived address is tried first; if one
-      of its ports is taken (EADDRINUSE) or the address cannot be had, up to
-      32 random addresses of the same range are tried. ``--bind`` (once per
-      group, in group order) binds exactly those addresses or fails.
-    * SOCKETPATH defaults to ``DIR/PORT.sock``; PORT is 1..65535; each port
-      may be forwarded once per group.
-    * DIR must exist when the relay starts.
-    * Every listen port is bound (SO_REUSEADDR) before anything is reported.
-      If no address can be bound, a message naming the address and port goes
-      to stderr, nothing is left listening and the exit status is 1. Once all
-      are bound, exactly ``ready <address of group 0> [<address of group 1>
-      ...]`` and a newline are written to stdout (flushed): the job writes
-      its hosts file with those addresses.
+Command
+-------
+``relay.py serve --socket-dir DIR --shell PID --listen FD:SOCKETPATH [--listen ...] [--job-only]``
+    * Each ``--listen`` is a listening TCP socket the boot bound and passed
+      on as descriptor FD; connections on it are relayed to SOCKETPATH.
+      PID is the job's shell (the boot's parent).
+    * First writes ``isolation relay=<job|user> sockets=<job|user> via=<how>``
+      to stdout (the boot wrote ``ready <addresses>`` before it): what
+      separates the tunnel; the sockets are ``job`` only on a mount of the
+      job's own (Slurm's job_container/tmpfs).
     * The process started (the holder) keeps the listeners and relays in a
       child process, which it starts again if it dies (kill -9, the OOM
       killer), with a logged line, after a backoff of 0.05 s doubling to 5 s;
@@ -65,42 +40,33 @@ Commands
 
       With ``--job-only`` the owner must also be a process of this Slurm job
       (SLURM_JOB_ID): of the job's cgroup where Slurm gives it one, else a
-      descendant of the process that started the relay (the job's shell) or
-      of a ``slurmstepd: [<job>.<step>]`` (its steps); the process holding
-      the peer's socket is found by its inode in /proc/<pid>/fd. Another job
-      of the same user is refused::
+      descendant of the job's shell or of a ``slurmstepd: [<job>.<step>]``
+      (its steps); the process holding the peer's socket is found by its
+      inode in /proc/<pid>/fd. Another job of the same user is refused::
 
           backhaul-relay: refused <peer> -> <addr>:<port>: pid <p> (<comm>) is not a process of job <j> (process tree)
 
       The relay then also makes itself non-dumpable. Refusals are logged 20
       per 10 s, then counted in one line; connections are checked by at
       most 8 threads, with at most 1024 waiting (more are closed at once).
-    * After the ready line a second one says what separates the tunnel:
-      ``isolation relay=<job|user> sockets=<job|user> via=<how>``; the
-      sockets are ``job`` only on a mount of the job's own (Slurm's
-      job_container/tmpfs).
-    * A listen port held on 0.0.0.0 or [::] by anyone stops the start at
-      once, naming the uid (and the process, when it is this user's).
-
     * An accepted connection is joined to its unix socket, with half-close
       passed through both ways (EOF on one side becomes shutdown(SHUT_WR) on
       the other). If the unix socket cannot be reached the client is closed at
       once and a line is logged. One bad connection never stops the relay.
     * Exits with status 0 (listeners closed) when DIR disappears or is
-      replaced (checked every 0.5 s), when the process that started the relay
-      ends (the parent pid changes), and on SIGTERM, SIGINT or SIGHUP.
+      replaced (checked every 0.5 s), when the job's shell ends, and on
+      SIGTERM, SIGINT or SIGHUP (which the boot blocks across the exec, so
+      none is lost while this starts).
     * umask 077; nothing is created on disk but DIR/relay.pids.
 
-Exit status: 0 done, 1 runtime failure (bind failed, DIR missing), 2 bad
+Exit status: 0 done, 1 runtime failure (DIR missing, a bad descriptor), 2 bad
 arguments. Every diagnostic line on stderr starts with ``backhaul-relay: ``.
 """
 
 import argparse
 import collections
 import errno
-import hashlib
 import os
-import random
 import selectors
 import signal
 import socket
@@ -114,14 +80,10 @@ PROG = "backhaul-relay"
 BUFFER_SIZE = 256 * 1024  # per direction of each connection (as the threaded relay had)
 POLL_SECONDS = 0.5
 UNIX_CONNECT_TIMEOUT = 10.0
-MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes including the NUL
-LISTEN_BACKLOG = 128
 PROC_NET_FILES = ("/proc/net/tcp", "/proc/net/tcp6")
 PROC_LOOKUP_ATTEMPTS = 3
 TCP_TIME_WAIT = b"06"
 TCP_LISTEN = b"0A"
-BIND_ATTEMPTS = 32  # random addresses tried after the derived one
-MAX_GROUP = 63  # a pod has at most 64 forwards, so at most 64 addresses
 RELAY_PIDS_FILE = "relay.pids"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 RESTART_WINDOW_SECONDS = 60
@@ -149,34 +111,6 @@ class Stop(BaseException):
 
 
 # --------------------------------------------------------------------------
-# Derivations (must match src/spec/derivations.ts)
-# --------------------------------------------------------------------------
-
-def fnv1a32(data):
-    h = 0x811C9DC5
-    for byte in bytearray(data):
-        h ^= byte
-        h = (h * 0x01000193) & 0xFFFFFFFF
-    return h
-
-
-def bind_address(uid_bytes, group=0):
-    h = fnv1a32(uid_bytes if group == 0 else uid_bytes + b"/" + str(group).encode("ascii"))
-    b = 1 + ((h >> 16) & 255) % 254
-    c = (h >> 8) & 255
-    d = 1 + (h & 255) % 254
-    return "127.%d.%d.%d" % (b, c, d)
-
-
-def socket_dir(root_bytes, uid_bytes):
-    digest = hashlib.sha256(uid_bytes).hexdigest()[:16].encode("ascii")
-    root = root_bytes.rstrip(b"/") if len(root_bytes) > 1 else root_bytes
-    if root == b"/":
-        root = b""
-    return root + b"/bh-" + digest
-
-
-# --------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------
 
@@ -189,105 +123,34 @@ def _build_parser():
     parser = _Parser(prog="relay.py", allow_abbrev=False,
                      description="backhaul relay (see the module docstring)")
     sub = parser.add_subparsers(dest="command")
-
-    derive = sub.add_parser("derive", allow_abbrev=False,
-                            help="print '<bindAddress> <socketDir>'")
-    group = derive.add_mutually_exclusive_group(required=True)
-    group.add_argument("--uid")
-    group.add_argument("--uid-from-env", metavar="VAR")
-    derive.add_argument("--socket-root", required=True, metavar="ROOT")
-    derive.add_argument("--group", default="0", metavar="K")
-
     serve = sub.add_parser("serve", allow_abbrev=False,
-                           help="listen and relay to unix sockets")
-    group = serve.add_mutually_exclusive_group(required=True)
-    group.add_argument("--uid")
-    group.add_argument("--uid-from-env", metavar="VAR")
+                           help="relay the listeners the boot passed on to unix sockets")
     serve.add_argument("--socket-dir", required=True, metavar="DIR")
-    serve.add_argument("--forward", action="append", default=[],
-                       metavar="[GROUP:]PORT[=SOCKETPATH]")
-    serve.add_argument("--bind", action="append", metavar="ADDR")
+    serve.add_argument("--shell", required=True, type=int, metavar="PID")
+    serve.add_argument("--listen", action="append", default=[], metavar="FD:SOCKETPATH")
     serve.add_argument("--job-only", action="store_true",
                        help="admit only processes of this Slurm job (SLURM_JOB_ID), not every process of the user")
     return parser
 
 
-def _uid_bytes(args, allow_empty):
-    if args.uid_from_env is not None:
-        var = args.uid_from_env
-        if not var or "=" in var:
-            raise UsageError("--uid-from-env: %r is not an environment variable name" % var)
-        value = os.environ.get(var)
-        if not value:
-            raise UsageError("--uid-from-env: environment variable %s is unset or empty" % var)
-        return os.fsencode(value)
-    if not args.uid and not allow_empty:
-        raise UsageError("--uid: the uid is empty")
-    return os.fsencode(args.uid)
-
-
-def _parse_port(text):
-    if not text or len(text) > 5 or not all("0" <= ch <= "9" for ch in text):
-        raise ValueError
-    port = int(text)
-    if not 1 <= port <= 65535:
-        raise ValueError
-    return port
-
-
-def _parse_forwards(specs, directory):
-    """[(group, port, path)] in the order given."""
+def _listeners(specs):
+    """[(listening socket, (label, socket path))] from the boot's --listen FD:SOCKETPATH."""
     if not specs:
-        raise UsageError("--forward: at least one --forward [GROUP:]PORT[=SOCKETPATH] is required")
-    forwards = []
-    seen = set()
+        raise UsageError("--listen: at least one --listen FD:SOCKETPATH is required")
+    data = []
     for spec in specs:
-        head, sep, path = spec.partition("=")
-        group_text, colon, port_text = head.rpartition(":")
+        fd_text, _, path = spec.partition(":")
+        if not fd_text.isdigit() or not path:
+            raise UsageError("--listen %s: not FD:SOCKETPATH" % spec)
         try:
-            port = _parse_port(port_text)
-        except ValueError:
-            raise UsageError("--forward %s: port must be an integer 1..65535" % spec)
-        try:
-            group = _parse_group(group_text) if colon else 0
-        except ValueError:
-            raise UsageError("--forward %s: the address group must be an integer 0..63" % spec)
-        if sep and not path:
-            raise UsageError("--forward %s: the socket path is empty" % spec)
-        if not sep:
-            path = os.path.join(directory, "%d.sock" % port)
-        if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
-            raise UsageError("--forward %s: socket path %s is longer than %d bytes"
-                             % (spec, path, MAX_SOCKET_PATH_BYTES))
-        if (group, port) in seen:
-            raise UsageError("--forward %s: port %d is forwarded twice on address group %d"
-                             % (spec, port, group))
-        seen.add((group, port))
-        forwards.append((group, port, path))
-    groups = sorted(set(group for group, _, _ in forwards))
-    if groups != list(range(len(groups))):
-        raise UsageError("--forward: address groups must be numbered 0..n-1 without gaps, got %s"
-                         % ", ".join(str(g) for g in groups))
-    return forwards
-
-
-def _parse_group(text):
-    if not text or len(text) > 2 or not all("0" <= ch <= "9" for ch in text):
-        raise ValueError
-    group = int(text)
-    if group > MAX_GROUP:
-        raise ValueError
-    return group
-
-
-def _parse_bind(text):
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, text)
-            return family
-        except (OSError, ValueError):
-            pass
-    raise UsageError("--bind %s: not an IPv4 or IPv6 address" % text)
+            sock = socket.socket(fileno=int(fd_text))
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) != 1:
+                raise OSError(errno.EINVAL, "not a listening socket")
+        except OSError as exc:
+            raise UsageError("--listen %s: descriptor %s: %s" % (spec, fd_text, _errtext(exc)))
+        sock.setblocking(False)
+        data.append((sock, (_fmt(sock.getsockname()), path)))
+    return data
 
 
 # --------------------------------------------------------------------------
@@ -995,55 +858,6 @@ def _on_signal(signum, frame):
     raise Stop()
 
 
-def _random_address(rng):
-    """Another address of the pods' range: 127.1.0.1 - 127.254.255.254, as derived ones."""
-    return "127.%d.%d.%d" % (rng.randint(1, 254), rng.randint(0, 255), rng.randint(1, 254))
-
-
-def _bind_listeners(address, family, ports):
-    """Listening sockets on every port of ADDRESS, or OSError (with .port) and none left open."""
-    listeners = []
-    for port in ports:
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        listeners.append(sock)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((address, port))
-            sock.listen(LISTEN_BACKLOG)
-            sock.setblocking(False)
-        except OSError as exc:
-            for opened in listeners:
-                _close(opened)
-            exc.port = port
-            raise
-    return listeners
-
-
-def _listen(address, family, exact, ports):
-    """(address, listeners). The derived address first; if another process holds one of its ports
-    (a squatter who derived it too, or a pod whose UID hashes alike), random ones of the range: the
-    job learns the address from the ready line and writes the hosts file only then, so whoever
-    pre-binds an address gets no connection and cannot stop the job either."""
-    rng = random.SystemRandom()
-    candidate = address
-    for attempt in range(1 if exact else 1 + BIND_ATTEMPTS):
-        try:
-            return candidate, _bind_listeners(candidate, family, ports)
-        except OSError as exc:
-            last = "cannot listen on %s (port %d): %s" % (
-                _fmt((candidate, exc.port)), exc.port, _errtext(exc))
-            if exact or exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
-                raise ListenError(last)
-            holder = _wildcard_holder(exc.port) if exc.errno == errno.EADDRINUSE else None
-            if holder is not None:
-                # Every address of the range is taken on that port: trying others cannot help.
-                raise ListenError("%s: %s, which takes the port on every address of this node; "
-                                  "choose another listen port for this forward" % (last, holder))
-            log("%s; trying another address" % last)
-            candidate = _random_address(rng)
-    raise ListenError("%s; gave up after %d addresses" % (last, 1 + BIND_ATTEMPTS))
-
-
 def _isolation_line(directory):
     """`isolation relay=<job|user> sockets=<job|user> via=<how>`: what separates this pod's tunnel
     from other jobs of the same user. The relay admits only the job's processes with --job-only; the
@@ -1080,22 +894,6 @@ def _on_job_private_mount(directory, job_id):
     return private
 
 
-def _tell_slurm(message):
-    """Puts MESSAGE in the job's comment (`backhaul: ...`), which squeue shows the session host: the
-    pod gets an Event saying why its tunnel never came up. Best effort: a job's owner may set its own
-    job's comment; outside Slurm, or without scontrol, nothing happens."""
-    job_id = os.environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
-        return
-    text = "".join(c if " " <= c <= "~" else " " for c in message)[:400]
-    try:
-        import subprocess
-        subprocess.run(["scontrol", "update", "jobid=%s" % job_id, "Comment=backhaul: %s" % text],
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
-    except Exception:  # noqa: BLE001 - the job's output has the message anyway
-        pass
-
-
 def _set_not_dumpable():
     try:
         import ctypes
@@ -1103,72 +901,6 @@ def _set_not_dumpable():
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
     except Exception as exc:  # noqa: BLE001 - a relay without it still refuses other jobs
         log("cannot make the relay non-dumpable: %s" % exc)
-
-
-def _user_name(uid):
-    try:
-        import pwd
-        return "uid %d (%s)" % (uid, pwd.getpwuid(uid).pw_name)
-    except (ImportError, KeyError):
-        return "uid %d" % uid
-
-
-def _wildcard_holder(port):
-    """Who listens on 0.0.0.0:PORT or [::]:PORT (from /proc/net/tcp{,6}), in words; None if nobody."""
-    wanted = {PROC_NET_FILES[0]: b"00000000:%04X" % port, PROC_NET_FILES[1]: b"0" * 32 + b":%04X" % port}
-    for path, local in wanted.items():
-        data = _read(path) or b""
-        for line in data.split(b"\n")[1:]:
-            fields = line.split()
-            if len(fields) < 10 or fields[1].upper() != local or fields[3].upper() != TCP_LISTEN:
-                continue
-            try:
-                uid, inode = int(fields[7]), int(fields[9])
-            except ValueError:
-                continue
-            where = "0.0.0.0" if path == PROC_NET_FILES[0] else "[::]"
-            who = _user_name(uid)
-            if uid == os.getuid():
-                target = "socket:[%d]" % inode
-                for name in os.listdir("/proc"):
-                    if name.isdigit() and JobScope._holds(int(name), target):
-                        fields_of = _stat_fields(int(name))
-                        who += ", pid %s (%s)" % (name, fields_of[0] if fields_of else "?")
-                        break
-            else:
-                who += ", a process of another user"
-            return "%s:%d is held by %s" % (where, port, who)
-    return None
-
-
-def _listen_groups(uid_bytes, binds, forwards):
-    """(addresses by group, [(listener, (label, path))] in the order of FORWARDS). Each address group
-    is bound on its own address; on failure nothing is left listening."""
-    count = 1 + max(group for group, _, _ in forwards)
-    addresses = []
-    by_forward = {}
-    opened = []
-    try:
-        for group in range(count):
-            members = [(port, path) for g, port, path in forwards if g == group]
-            if binds is not None:
-                address, family, exact = binds[group], _parse_bind(binds[group]), True
-            else:
-                address, family, exact = bind_address(uid_bytes, group), socket.AF_INET, False
-            address, listeners = _listen(address, family, exact, [port for port, _ in members])
-            opened.extend(listeners)
-            addresses.append(address)
-            for sock, (port, path) in zip(listeners, members):
-                by_forward[(group, port)] = (sock, (_fmt((address, port)), path))
-    except BaseException:
-        for sock in opened:
-            _close(sock)
-        raise
-    return addresses, [by_forward[(group, port)] for group, port, _ in forwards]
-
-
-class ListenError(Exception):
-    """No address could be bound; exit status 1."""
 
 
 def _write_pids(directory, pids):
@@ -1185,52 +917,33 @@ def _write_pids(directory, pids):
 
 
 def serve(args):
-    uid_bytes = _uid_bytes(args, allow_empty=False)
     directory = args.socket_dir
     if not directory:
         raise UsageError("--socket-dir: the directory is empty")
-    forwards = _parse_forwards(args.forward, directory)
-    binds = args.bind
-    if binds is not None:
-        groups = 1 + max(group for group, _, _ in forwards)
-        if len(binds) != groups:
-            raise UsageError("--bind: %d given, but the forwards have %d address groups (one --bind each)"
-                             % (len(binds), groups))
-        for address in binds:
-            _parse_bind(address)
-
+    data = _listeners(args.listen)
     os.umask(0o077)
-    job_shell = os.getppid()
+    job_shell = args.shell
     my_uid = os.getuid()
-    if args.job_only:
-        _scope["job"] = JobScope(job_shell, os.environ.get("SLURM_JOB_ID", ""), my_uid)
-        # Another process of the user may not read this one's memory or descriptors, nor trace it.
-        _set_not_dumpable()
-
-    identity = _dir_identity(directory)
-    if identity is None or identity == "unknown":
-        log("socket dir %s does not exist or cannot be reached" % directory)
-        return 1
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, _on_signal)
-
-    data = []
     try:
-        try:
-            addresses, data = _listen_groups(uid_bytes, binds, forwards)
-        except ListenError as exc:
-            log(str(exc))
-            _tell_slurm("relay could not start: %s" % exc)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, _on_signal)
+        # The boot blocked them across the exec: one that came meanwhile lands here, handled.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        if args.job_only:
+            _scope["job"] = JobScope(job_shell, os.environ.get("SLURM_JOB_ID", ""), my_uid)
+            # Another process of the user may not read this one's memory or descriptors, nor trace it.
+            _set_not_dumpable()
+        identity = _dir_identity(directory)
+        if identity is None or identity == "unknown":
+            log("socket dir %s does not exist or cannot be reached" % directory)
             return 1
-        # One write: whoever reads the ready line finds the isolation line with it.
-        sys.stdout.write("ready %s\n%s\n" % (" ".join(addresses), _isolation_line(directory)))
+        sys.stdout.write("%s\n" % _isolation_line(directory))
         sys.stdout.flush()
         return _hold(data, directory, identity, job_shell, my_uid)
     except Stop:
         return 0
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         for sock, _ in data:
             _close(sock)
@@ -1348,7 +1061,7 @@ def _dir_gone(directory, identity):
 
 def _job_gone(directory, identity, job_shell):
     """For the holder, whose parent is the job's shell."""
-    return os.getppid() != job_shell or _dir_gone(directory, identity)
+    return not _alive(job_shell) or _dir_gone(directory, identity)
 
 
 def _alive(pid):
@@ -1406,32 +1119,13 @@ def _accept_all(listener, data, my_uid):
             log("%s: cannot handle a connection: %s" % (label, _errtext(exc)))
 
 
-def derive(args):
-    uid_bytes = _uid_bytes(args, allow_empty=True)
-    root = os.fsencode(args.socket_root)
-    try:
-        group = _parse_group(args.group)
-    except ValueError:
-        raise UsageError("--group %s: the address group must be an integer 0..63" % args.group)
-    out = bind_address(uid_bytes, group).encode("ascii") + b" " + socket_dir(root, uid_bytes) + b"\n"
-    stream = getattr(sys.stdout, "buffer", None)
-    if stream is None:
-        sys.stdout.write(out.decode("utf-8", "surrogateescape"))
-    else:
-        stream.write(out)
-    sys.stdout.flush()
-    return 0
-
-
 def main(argv=None):
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
-        if args.command == "derive":
-            return derive(args)
         if args.command == "serve":
             return serve(args)
-        raise UsageError("a command is required: derive or serve")
+        raise UsageError("a command is required: serve")
     except UsageError as exc:
         log("usage: %s" % exc)
         log("run 'relay.py --help' for the commands")

@@ -16,6 +16,8 @@ import {
   WATCH_RELAY_DEAD,
   WATCH_VANISHED,
 } from '../render/node-scripts.js';
+import { parseDelivery, renderDeliverRelay } from '../render/relay-delivery.js';
+import { RELAY_HANDOFF, relaySource } from '../render/relay-source.js';
 import type { SessionPlan } from '../render/session-plan.js';
 import { shellQuote } from '../render/shell-quote.js';
 import { SOCKS_SOCKET } from '../spec/derivations.js';
@@ -237,6 +239,15 @@ export class ShadowSession {
 
     const carrier = this.carrier;
     if (!carrier) throw new SessionError('closed', this.closeReason);
+    try {
+      await this.deliverRelay(carrier);
+    } catch (err) {
+      // A job cancelled meanwhile (its boot gone with scancel's TERM) is the reason, and the session's end.
+      const ended = isSessionError(err) ? await this.endedMeanwhile(carrier) : undefined;
+      if (ended) return ended;
+      throw err;
+    }
+    await this.checkpoint();
     const { client, serverMessages } = carrier;
     // The pod's endpoints are dialled as a pod of its namespace, forwards and SOCKS alike.
     const dialer = new EndpointDialer(this.opts.dialRules, plan.namespace, this.opts.directory);
@@ -447,6 +458,61 @@ export class ShadowSession {
       'bootstrap-failed',
       `the socket dir ${plan.socketDir} is unusable: ${result.stderr.trim() || `exit ${result.code}`}`,
     );
+  }
+
+  /**
+   * The relay and the Services' names, into a job whose prelude carries only the boot (a prelude of
+   * before it has its own: nothing to do). Before any socket is bound, so the workload, which waits for
+   * the sockets, never meets the boot instead of the relay.
+   */
+  private async deliverRelay(carrier: Carrier): Promise<void> {
+    const { plan } = this.opts;
+    if (plan.forwards.length === 0 && plan.socks === null) return;
+    const script = renderDeliverRelay({
+      socketDir: plan.socketDir,
+      uid: plan.uid,
+      forwards: plan.forwards,
+      relay: relaySource(),
+    });
+    const result = await execCapture(carrier.client, '/bin/sh -s', { stdin: script, timeoutMs: 30_000 });
+    if (result.code === PREPARE_DIR_MISSING) {
+      throw new SessionError('job-not-running', `the socket dir ${plan.socketDir} does not exist (the job has ended?)`);
+    }
+    const outcome = parseDelivery(result.stdout);
+    switch (outcome?.outcome) {
+      case 'delivered':
+        return;
+      case 'embedded':
+        this.opts.log.info('the job carries its own relay (a prelude of before the relay boot): nothing to deliver', {
+          socketDir: plan.socketDir,
+        });
+        return;
+      case 'unsupported':
+        throw new SessionError(
+          'bootstrap-failed',
+          `the job's prelude asks for the relay hand-off "${outcome.detail}", which this fleet does not speak (it speaks "${RELAY_HANDOFF}"): upgrade the fleet`,
+        );
+      case 'noBoot':
+        throw new SessionError(
+          'bootstrap-failed',
+          `the job's relay boot did not say ready in ${plan.socketDir} (${outcome.detail || 'no ready line'}); its messages are in the job's error output`,
+        );
+      case 'gone':
+        throw new SessionError(
+          'bootstrap-failed',
+          `the job's relay boot in ${plan.socketDir} ended before the relay could take over (the job is ending?)`,
+        );
+      case 'silent':
+        throw new SessionError(
+          'bootstrap-failed',
+          `the relay delivered into ${plan.socketDir} did not start within 10 s; its messages are in the job's error output`,
+        );
+      default:
+        throw new SessionError(
+          'bootstrap-failed',
+          `delivering the relay into ${plan.socketDir} failed: ${result.stderr.trim() || `exit ${result.code}`}`,
+        );
+    }
   }
 
   /**

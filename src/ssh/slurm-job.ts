@@ -62,7 +62,7 @@ export interface SlurmJob {
   note?: string;
 }
 
-/** The prefix of a comment the prelude's relay writes (relay.py `_tell_slurm`). */
+/** The prefix of a comment the prelude's relay boot writes when it cannot bind (relay-boot.py `serve`). */
 export const JOB_NOTE_PREFIX = 'backhaul: ';
 
 const FIELD_SEPARATOR = '|';

@@ -105,7 +105,7 @@ describe('the packed package, installed with npm install -g', () => {
     });
   });
 
-  it('renders a prelude with the relay in it (relay.py ships in dist)', async () => {
+  it('renders a prelude with the relay boot in it (relay-boot.py and relay.py ship in dist)', async () => {
     const ran = await run(
       join(prefix, 'bin', 'backhaul'),
       [
@@ -119,7 +119,9 @@ describe('the packed package, installed with npm install -g', () => {
     );
     expect(ran.code, ran.stderr).toBe(0);
     expect(ran.stdout).toMatch(/^# >>> backhaul prelude v1/);
-    expect(ran.stdout).toContain('backhaul relay: per-pod loopback TCP listeners');
+    // The boot travels compressed; the session host delivers relay.py itself over the carrier.
+    expect(ran.stdout).toContain('b85decode');
+    expect(ran.stdout).toContain('relay-boot.py serve');
     const syntax = await execFileAsync('sh', ['-n', '-c', ran.stdout]).then(
       () => '',
       (error: Error) => error.message,

@@ -10,7 +10,7 @@ import { patchedAnnotations, podReview } from '../fixtures/admission-reviews.js'
 import { jsonPatch } from '../fixtures/fake-apiserver.js';
 import { ensureUser, JOB_USER, type TestUser } from '../fixtures/users.js';
 import { siteWith } from '../unit/spec-fixtures.js';
-import { type RunningScript, startScript, uniqueUid } from './script-runner.js';
+import { deliverRelay, type RunningScript, startScript, uniqueUid } from './script-runner.js';
 
 /**
  * enroot workloads get the Services' names too (ARCHITECTURE.md §3.4). The pod goes through the real
@@ -124,6 +124,10 @@ describe('enroot (slurm-job.vk.io/enroot-mounts)', () => {
     try {
       script = await startScript(job, 'bash', batch, { SLURM_JOB_NAME: uid });
       await script.waitFor(/waiting up to 60 s for the forwards/, 'stderr');
+      // What the session host does first: the relay and the names, then the reverse forwards.
+      expect(await deliverRelay(job, { socketDir: plan.socketDir, uid, forwards: plan.forwards })).toBe(
+        '0 backhaul-relay-delivered ',
+      );
       // What the session host's reverse forwards make: each forward's socket, as the plan names it.
       for (const forward of plan.forwards) {
         const server = net.createServer((c) => c.end(`${forward.dialHost.split('.')[0]} via ${forward.socketPath}\n`));

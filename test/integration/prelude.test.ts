@@ -17,13 +17,14 @@ import net from 'node:net';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { type PreludeSettings, renderPrelude } from '../../src/render/prelude.js';
+import { type PreludeRequest, type PreludeSettings, renderPrelude } from '../../src/render/prelude.js';
 import { bindAddress, socketDir } from '../../src/spec/derivations.js';
 import { FakeApiServer } from '../fixtures/fake-apiserver.js';
 import { makeCa, makeServerCert } from '../fixtures/test-pki.js';
 import { ensureUser, JOB_USER, OTHER_USER, runAs, type TestUser } from '../fixtures/users.js';
 import { requestFor } from '../unit/render-fixtures.js';
 import {
+  deliverRelay,
   eventually,
   findProcesses,
   gone,
@@ -48,9 +49,33 @@ const FORWARDS = 'redis:6379 minio.storage.svc.cluster.local:9000 8080:10.0.0.1:
 const REDIS_NAMES = 'redis.user.svc.cluster.local redis.user.svc redis.user redis';
 const MINIO_NAMES = 'minio.storage.svc.cluster.local minio.storage.svc minio.storage';
 
+/** What each rendered prelude needs from the fleet: its forwards, and where its socket dirs are. */
+const rendered = new Map<string, { forwards: PreludeRequest['forwards']; socketRoot: string }>();
+
 function prelude(forwards: string, settings: Partial<PreludeSettings> = {}): string {
   const { request } = requestFor('node', forwards, forwards === '' ? 11080 : undefined);
-  return renderPrelude(request, { ...SETTINGS, ...settings });
+  const all = { ...SETTINGS, ...settings };
+  const text = renderPrelude(request, all);
+  rendered.set(text, { forwards: request.forwards, socketRoot: all.SocketRoot });
+  return text;
+}
+
+/**
+ * What the session host does once it reaches the job (ShadowSession.deliverRelay): the same script, as
+ * the job's user, as soon as the boot asks (relay.want). A script whose prelude is in `rendered` gets it.
+ */
+async function deliverWhenAsked(script: RunningScript, text: string, env: Record<string, string>): Promise<void> {
+  const match = [...rendered.entries()].find(([prelude]) => text.includes(prelude))?.[1];
+  const uid = env.BACKHAUL_POD_UID ?? env.SLURM_JOB_NAME;
+  if (!match || !uid) return;
+  const dir = socketDir(match.socketRoot, uid);
+  while (script.child.exitCode === null && script.child.signalCode === null) {
+    if (await stat(`${dir}/relay.want`).catch(() => undefined)) {
+      script.deliveries.push(await deliverRelay(job, { socketDir: dir, uid, forwards: match.forwards }));
+      return;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
 }
 
 /** The umask the scripts inherit, as `umask` prints it: the prelude must hand it back unchanged. */
@@ -71,14 +96,24 @@ function newUid(label: string): string {
   return uid;
 }
 
-async function start(shell: string, text: string, env: Record<string, string>): Promise<RunningScript> {
+async function start(
+  shell: string,
+  text: string,
+  env: Record<string, string>,
+  options: { deliver?: boolean } = {},
+): Promise<RunningScript> {
   const script = await startScript(job, shell, text, env);
   scripts.push(script);
+  if (options.deliver !== false) void deliverWhenAsked(script, text, env);
   return script;
 }
 
+/** The relay's processes (the boot it was until the fleet delivered it included). */
 async function relayOf(dir: string): Promise<number[]> {
-  return findProcesses('relay.py', `--socket-dir=${dir}`);
+  return [
+    ...(await findProcesses('relay.py', `--socket-dir=${dir}`)),
+    ...(await findProcesses('relay-boot.py', `--socket-dir=${dir}`)),
+  ];
 }
 
 beforeAll(async () => {
@@ -133,13 +168,16 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     expect(state.apptainer).toBe(`${dir}/hosts:/etc/hosts`);
     expect(state.singularity).toBe(`${dir}/hosts:/etc/hosts`);
 
-    // A plain child of the batch script holds the listeners; its own child relays.
+    // A plain child of the batch script, the boot until the fleet delivered the relay and the relay's
+    // holder since, holds the listeners; its own child relays.
+    expect(script.deliveries, script.stderr).toEqual(['0 backhaul-relay-delivered ']);
     const relays = await relayOf(dir);
     expect(relays).toHaveLength(2);
     const parents = await Promise.all(relays.map(async (pid) => (await processInfo(pid))?.ppid));
     const relay = relays.find((_, i) => parents[i] === Number(state.pid)) ?? -1;
     const relaying = relays.find((pid) => pid !== relay) ?? -1;
     expect((await processInfo(relaying))?.ppid, `relay processes ${relays} with parents ${parents}`).toBe(relay);
+    expect((await processInfo(relay))?.cmdline).toContain(`relay.py serve --socket-dir=${dir} --shell=${state.pid}`);
     expect((await readFile(`${dir}/relay.pids`, 'utf8')).trim()).toBe(`${relay} ${relaying}`);
     for (const [host, port] of [
       [address, 6379],
@@ -178,7 +216,7 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
       { SLURM_JOB_NAME: uid },
     );
     await script.waitFor(
-      /waiting up to 60 s for the forwards of ports pg-a.user.svc.cluster.local:5432 pg-b/,
+      /waiting up to 60 s for the forwards of ports 5432 \(5432\.sock\) 5432 \(5432\.2\.sock\)/,
       'stderr',
     );
     // What the session host's sshd does: each forward's socket, as the session plan names it.
@@ -237,7 +275,7 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     const forwards = Array.from({ length: 64 }, (_, i) => `db-${i}:5432`).join(' ');
     const text = prelude(forwards, { WaitForForwards: 1000 });
     // The 64th Service's socket, the longest name a pod can have (renderPrelude checks 107 bytes).
-    expect(text).toContain(`--forward='63:5432'="$bh_dir"/'5432.64.sock'`);
+    expect(text).toContain(" 63:5432'");
     const script = await start(shell, `set -eu\n${text}${STATE_SNIPPET}`, { SLURM_JOB_NAME: uid });
     const state = await script.state();
     const added = (await readFile(`${dir}/hosts`, 'utf8')).split('# backhaul: Services forwarded')[1] ?? '';
@@ -259,7 +297,7 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
         socket.on('error', reject);
       });
     }
-    expect(script.stderr).toContain('db-63.user.svc.cluster.local:5432;');
+    expect(script.stderr).toContain('5432 (5432.64.sock);');
     expect((await script.finish()).code).toBe(0);
     expect(gone(dir)).toBe(true);
   }, 60_000);
@@ -327,18 +365,20 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
   it('cleans up after a TERM that lands while it makes the socket dir (scancel at the job start)', async () => {
     const uid = newUid('term-mkdir');
     const dir = socketDir('/tmp', uid);
-    // A mkdir that takes its time after making the dir, so that the TERM lands while it runs.
-    const bin = await mkdtemp('/tmp/bh-slow-mkdir-');
+    // A Python that takes its time after the boot has made the dir, so that the TERM lands while it runs.
+    const bin = await mkdtemp('/tmp/bh-slow-python-');
     extraPaths.push(bin);
-    await writeFile(join(bin, 'mkdir'), '#!/bin/sh\n/bin/mkdir "$@" || exit\necho made\nsleep 1\n', {
-      mode: 0o755,
-    });
+    await writeFile(
+      join(bin, 'python3'),
+      '#!/bin/sh\n/usr/bin/python3 "$@"; rc=$?\necho made >&2\nsleep 1\nexit $rc\n',
+      {
+        mode: 0o755,
+      },
+    );
     await chmod(bin, 0o755);
-    const script = await start(shell, prelude('redis:6379', { WaitForForwards: 1000 }) + STATE_SNIPPET, {
-      SLURM_JOB_NAME: uid,
-      PATH: `${bin}:/usr/local/bin:/usr/bin:/bin`,
-    });
-    await script.waitFor(/made/);
+    const text = prelude('redis:6379', { WaitForForwards: 1000, PythonPath: join(bin, 'python3') }) + STATE_SNIPPET;
+    const script = await start(shell, text, { SLURM_JOB_NAME: uid });
+    await script.waitFor(/made/, 'stderr');
     expect(gone(dir), 'the dir made').toBe(false);
     process.kill(script.pid, 'SIGTERM');
     const exit = await script.exited;
@@ -407,12 +447,12 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
   it('stops without a pod UID, or with one that is not a UID', async () => {
     const none = await start(shell, prelude('redis:6379') + STATE_SNIPPET, {});
     expect((await none.exited).code).toBe(1);
-    expect(none.stderr).toMatch(/no pod UID: neither BACKHAUL_POD_UID nor SLURM_JOB_NAME is set/);
+    expect(none.stderr).toMatch(/'' is not a pod UID \(BACKHAUL_POD_UID, else SLURM_JOB_NAME/);
     expect(none.stdout).not.toMatch(/checkpoint/);
 
     const bad = await start(shell, prelude('redis:6379') + STATE_SNIPPET, { SLURM_JOB_NAME: '../etc' });
     expect((await bad.exited).code).toBe(1);
-    expect(bad.stderr).toMatch(/\.\.\/etc is not a pod UID/);
+    expect(bad.stderr).toMatch(/'\.\.\/etc' is not a pod UID/);
   }, 30_000);
 
   it('refuses a socket dir that another user made first', async () => {
@@ -422,7 +462,9 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     await chown(dir, other.uid, other.gid);
     const script = await start(shell, prelude('redis:6379') + STATE_SNIPPET, { SLURM_JOB_NAME: uid });
     expect((await script.exited).code).toBe(1);
-    expect(script.stderr).toMatch(/refusing the socket dir .*: it belongs to another user/);
+    expect(script.stderr).toMatch(
+      /refusing the socket dir .*: it is another user's, who may intercept the forwards: remove it/,
+    );
     expect(script.stdout).not.toMatch(/checkpoint/);
     // Not the job's to remove.
     expect((await lstat(dir)).uid).toBe(other.uid);
@@ -533,11 +575,11 @@ describe('the Kubernetes API for in-cluster clients (bash)', () => {
     );
     const exit = await script.exited;
     expect(exit.code, script.stderr).toBe(0);
-    expect(script.stdout).toContain('env kubernetes.default.svc.cluster.local 6443 6443');
+    expect(script.stdout).toContain('env kubernetes.default.svc 6443 6443');
     expect(script.stdout).toMatch(
       new RegExp(
         // getent prints the address, then the canonical name and the aliases, in the hosts file's order.
-        `^resolved ${address.replaceAll('.', '\\.')}(\\s+\\S+)*\\s+kubernetes\\.default\\.svc\\.cluster\\.local(\\s|$)`,
+        `^resolved ${address.replaceAll('.', '\\.')}(\\s+\\S+)*\\s+kubernetes\\.default\\.svc(\\s|$)`,
         'm',
       ),
     );
@@ -596,7 +638,7 @@ describe('the Kubernetes API for in-cluster clients (bash)', () => {
       await chown(socket, job.uid, job.gid);
       const exit = await script.exited;
       expect(exit.code, `${script.stdout}\n${script.stderr}`).toBe(0);
-      expect(script.stdout).toContain('server https://kubernetes.default.svc.cluster.local:6443');
+      expect(script.stdout).toContain('server https://kubernetes.default.svc:6443');
       expect(script.stdout).toContain('pods seen-from-the-job');
       expect(api.usedAccess()).toContain('pods.list');
     } finally {
@@ -638,7 +680,7 @@ describe('the relay under attack from other users of the node (bash)', () => {
       expect(state.addr).toMatch(/^127\.\d+\.\d+\.\d+$/);
       expect(script.stderr).toMatch(
         new RegExp(
-          `cannot listen on ${derived.replaceAll('.', '\\.')}:6379 \\(port 6379\\): .*EADDRINUSE.*; trying another address`,
+          `cannot listen on ${derived.replaceAll('.', '\\.')}:6379 \\(port 6379\\): Address already in use; trying another address`,
         ),
       );
       const hosts = await readFile(`${dir}/hosts`, 'utf8');
@@ -750,7 +792,9 @@ describe('the relay under attack from other users of the node (bash)', () => {
       { SLURM_JOB_NAME: newUid('own2') },
     );
     expect((await refused.exited).code).toBe(1);
-    expect(refused.stderr).toMatch(/refusing the socket root .*: it belongs to another user/);
+    expect(refused.stderr).toMatch(
+      /refusing the socket root .*: it is another user's, who may intercept the forwards: remove it/,
+    );
     expect(refused.stdout).not.toMatch(/checkpoint/);
   }, 30_000);
 });

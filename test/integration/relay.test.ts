@@ -1,7 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash, type Hash, randomBytes, randomUUID } from 'node:crypto';
 import { once } from 'node:events';
-import { chmod, chown, copyFile, mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
+import { chmod, chown, copyFile, mkdir, mkdtemp, readFile, rename, rm } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -18,6 +18,7 @@ import { ensureUser, JOB_USER, OTHER_USER, runAs, spawnAs, type TestUser } from 
 const PYTHON = '/usr/bin/python3';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const RELAY_SOURCE = path.resolve(here, '../../src/render/relay.py');
+const BOOT_SOURCE = path.resolve(here, '../../src/render/relay-boot.py');
 const VECTORS = path.resolve(here, '../vectors/derivations.json');
 
 interface Vector {
@@ -29,7 +30,7 @@ interface Vector {
 }
 
 let workRoot = '';
-let relayPath = '';
+let bootPath = '';
 let job: TestUser;
 let other: TestUser;
 let dirCounter = 0;
@@ -45,9 +46,9 @@ beforeAll(async () => {
   workRoot = await mkdtemp('/tmp/bh-relay-test-');
   // Other users must reach their socket dirs and read the relay.
   await chmod(workRoot, 0o711);
-  relayPath = path.join(workRoot, 'relay.py');
-  await copyFile(RELAY_SOURCE, relayPath);
-  await chmod(relayPath, 0o644);
+  bootPath = path.join(workRoot, 'relay-boot.py');
+  await copyFile(BOOT_SOURCE, bootPath);
+  await chmod(bootPath, 0o644);
 });
 
 afterEach(async () => {
@@ -131,7 +132,8 @@ interface Relay {
   closed: Promise<void>;
 }
 
-function watch(child: ChildProcess): Relay {
+/** READY_LINES: the boot's `ready` line, then the relay's `isolation` line once it runs on the listeners. */
+function watch(child: ChildProcess, readyLines = 1): Relay {
   children.add(child);
   let stdout = '';
   let stderr = '';
@@ -144,8 +146,8 @@ function watch(child: ChildProcess): Relay {
   const ready = new Promise<string>((resolve, reject) => {
     child.stdout?.setEncoding('utf8').on('data', (chunk: string) => {
       stdout += chunk;
-      const newline = stdout.indexOf('\n');
-      if (newline >= 0) resolve(stdout.slice(0, newline));
+      const lines = stdout.split('\n');
+      if (lines.length > readyLines) resolve(lines[0] ?? '');
     });
     child.on('error', reject);
     void exit.then(({ code, signal }) =>
@@ -159,18 +161,42 @@ function watch(child: ChildProcess): Relay {
   return { child, stdout: () => stdout, stderr: () => stderr, ready, exit, closed };
 }
 
-/** Starts `relay.py serve ARGS` under `python3 -I`, as root or as USER. */
-function startRelay(args: string[], options: { user?: TestUser; env?: Record<string, string> } = {}): Relay {
-  const argv = ['-I', relayPath, 'serve', ...args];
+/** `--flag value` pairs as the boot takes them, `--flag=value` (its two flags without a value stay). */
+function joined(args: readonly string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i] ?? '';
+    const value = args[i + 1];
+    if (arg.startsWith('--') && !arg.includes('=') && arg !== '--job-only' && value !== undefined) {
+      out.push(`${arg}=${value}`);
+      i++;
+    } else out.push(arg);
+  }
+  return out;
+}
+
+/**
+ * The relay as the prelude starts it: the boot (`relay-boot.py serve --foreground ARGS`, under
+ * `python3 -I`, as root or as USER) binds, says ready, and execs the relay found in the socket dir, as
+ * the fleet delivers it. `ready` resolves once the relay runs (its isolation line).
+ */
+async function startRelay(
+  args: string[],
+  options: { user?: TestUser; env?: Record<string, string> } = {},
+): Promise<Relay> {
+  const dir = args[args.indexOf('--socket-dir') + 1] ?? '';
+  await copyFile(RELAY_SOURCE, path.join(dir, 'relay.py'));
+  await chmod(path.join(dir, 'relay.py'), 0o644);
+  const argv = ['-I', bootPath, 'serve', '--foreground', ...joined(args)];
   const child = options.user
     ? spawnAs(options.user, PYTHON, argv, { stdio: ['ignore', 'pipe', 'pipe'] })
     : spawn(PYTHON, argv, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...options.env } });
-  return watch(child);
+  return watch(child, 2);
 }
 
-/** Runs the relay to completion (for derive and bad arguments). */
-async function runRelay(args: string[], env: Record<string, string> = {}, isolated = true) {
-  const child = spawn(PYTHON, [...(isolated ? ['-I'] : []), relayPath, ...args], {
+/** Runs the boot to completion (bad arguments). */
+async function runBoot(args: string[], env: Record<string, string> = {}) {
+  const child = spawn(PYTHON, ['-I', bootPath, ...joined(args)], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, ...env },
   });
@@ -408,48 +434,26 @@ async function bulkBothWays(host: string, port: number, socketPath: string, tota
 
 // ---------------------------------------------------------------------------------------------
 
-describe('relay.py derive', () => {
-  it('matches every vector in test/vectors/derivations.json', async () => {
+describe('the relay boot derives', () => {
+  /** The boot's own functions, loaded as a module: what `prepare` and `serve` use. */
+  const derive = async (calls: string) => {
+    const script = `import importlib.util,json,sys\nspec=importlib.util.spec_from_file_location("boot",sys.argv[1])\nb=importlib.util.module_from_spec(spec)\nspec.loader.exec_module(b)\nprint(json.dumps(${calls}))`;
+    const child = spawn(PYTHON, ['-I', '-c', script, bootPath], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const relay = watch(child);
+    child.stdin?.end(await readFile(VECTORS, 'utf8'));
+    await relay.exit;
+    await relay.closed;
+    expect(relay.stderr()).toBe('');
+    return JSON.parse(relay.stdout()) as unknown;
+  };
+
+  it('every address and socket dir in test/vectors/derivations.json', async () => {
     const { vectors } = JSON.parse(await readFile(VECTORS, 'utf8')) as { vectors: Vector[] };
     expect(vectors.length).toBeGreaterThan(0);
-    const results = await Promise.all(
-      vectors.map((vector) => runRelay(['derive', '--uid', vector.uid, '--socket-root', vector.socketRoot], {}, false)),
-    );
-    results.forEach((result, index) => {
-      const vector = vectors[index] as Vector;
-      expect(result.stderr, `uid ${JSON.stringify(vector.uid)}`).toBe('');
-      expect(result.code).toBe(0);
-      expect(result.stdout, `uid ${JSON.stringify(vector.uid)}`).toBe(`${vector.bindAddress} ${vector.socketDir}\n`);
-    });
-    // --uid-from-env and python3 -I (no user site, no PYTHON* variables) give the same answer.
-    const unicode = vectors.find((vector) => /[^\x20-\x7e]/.test(vector.uid)) ?? (vectors[0] as Vector);
-    const fromEnv = await runRelay(
-      ['derive', '--uid-from-env', 'BH_TEST_JOB_NAME', '--socket-root', unicode.socketRoot],
-      { BH_TEST_JOB_NAME: unicode.uid, LC_ALL: 'C' },
-      true,
-    );
-    expect(fromEnv.code).toBe(0);
-    expect(fromEnv.stdout).toBe(`${unicode.bindAddress} ${unicode.socketDir}\n`);
-  });
-
-  it('derives each address group (one per Service) as the vectors say', async () => {
-    const { vectors } = JSON.parse(await readFile(VECTORS, 'utf8')) as { vectors: Vector[] };
-    const asked = vectors.flatMap((vector) =>
-      Object.entries(vector.groupAddresses).map(([group, address]) => ({ vector, group, address })),
-    );
-    const results = await Promise.all(
-      asked.map(({ vector, group }) =>
-        runRelay(['derive', '--uid', vector.uid, '--socket-root', vector.socketRoot, '--group', group], {}, false),
-      ),
-    );
-    results.forEach((result, index) => {
-      const { vector, group, address } = asked[index] as (typeof asked)[number];
-      const what = `uid ${JSON.stringify(vector.uid)} group ${group}: ${result.stderr}`;
-      expect(result.stdout, what).toBe(`${address} ${vector.socketDir}\n`);
-    });
-    const bad = await runRelay(['derive', '--uid', 'x', '--socket-root', '/tmp', '--group', '64'], {}, false);
-    expect(bad.code, bad.stderr).toBe(2);
-    expect(bad.stderr).toContain('--group 64: the address group must be an integer 0..63');
+    const got = (await derive(
+      '[[b.address(v["uid"], 0), b.socket_dir(v["socketRoot"], v["uid"]), {k: b.address(v["uid"], int(k)) for k in v["groupAddresses"]}] for v in json.load(sys.stdin)["vectors"]]',
+    )) as [string, string, Record<string, string>][];
+    expect(got).toEqual(vectors.map((v) => [v.bindAddress, v.socketDir, v.groupAddresses]));
   });
 });
 
@@ -464,19 +468,16 @@ describe('relay.py serve', () => {
     await unixServer(customPath, (socket) => {
       socket.end('custom\n');
     });
-    const relay = startRelay(
-      [
-        '--uid-from-env',
-        'BH_TEST_JOB_NAME',
-        '--socket-dir',
-        dir,
-        '--forward',
-        String(p1),
-        '--forward',
-        `${p2}=${customPath}`,
-      ],
-      { env: { BH_TEST_JOB_NAME: uid } },
-    );
+    const relay = await startRelay([
+      '--uid',
+      uid,
+      '--socket-dir',
+      dir,
+      '--forward',
+      String(p1),
+      '--forward',
+      `${p2}=${customPath}`,
+    ]);
     expect(await relay.ready).toBe(`ready ${address}`);
     // The ready line, then what separates the tunnel: without --job-only, every process of the user.
     expect(relay.stdout()).toBe(`ready ${address}\nisolation relay=user sockets=user via=uid\n`);
@@ -504,7 +505,7 @@ describe('relay.py serve', () => {
     await answering(path.join(dir, `${port}.sock`), 'pg-a\n');
     await answering(path.join(dir, `${port}.2.sock`), 'pg-b\n');
     await answering(path.join(dir, `${other}.sock`), 'v4\n');
-    const relay = startRelay([...twoServices(uid, dir, port), '--forward', `0:${other}`]);
+    const relay = await startRelay([...twoServices(uid, dir, port), '--forward', `0:${other}`]);
     expect(await relay.ready).toBe(`ready ${first} ${second}`);
     const answers = await Promise.all([
       exchange(first, port, ''),
@@ -529,7 +530,7 @@ describe('relay.py serve', () => {
     squatter.listen({ host: second, port });
     await once(squatter, 'listening');
     await answering(path.join(dir, `${port}.2.sock`), 'pg-b\n');
-    const relay = startRelay(twoServices(uid, dir, port));
+    const relay = await startRelay(twoServices(uid, dir, port));
     const ready = await relay.ready;
     const [, a0, a1] = ready.split(' ');
     expect(a0).toBe(bindAddress(uid));
@@ -544,7 +545,16 @@ describe('relay.py serve', () => {
     const dir = await makeSocketDir();
     const [port] = (await freePorts(address, 1)) as [number];
     const total = 100 * 1024 * 1024;
-    const relay = startRelay(['--uid', 'bulk', '--bind', address, '--socket-dir', dir, '--forward', String(port)]);
+    const relay = await startRelay([
+      '--uid',
+      'bulk',
+      '--bind',
+      address,
+      '--socket-dir',
+      dir,
+      '--forward',
+      String(port),
+    ]);
     await relay.ready;
 
     const result = await bulkBothWays(address, port, path.join(dir, `${port}.sock`), total);
@@ -594,7 +604,16 @@ describe('relay.py serve', () => {
         }, 1_000);
       });
     });
-    const relay = startRelay(['--uid', 'stalled', '--bind', address, '--socket-dir', dir, '--forward', String(port)]);
+    const relay = await startRelay([
+      '--uid',
+      'stalled',
+      '--bind',
+      address,
+      '--socket-dir',
+      dir,
+      '--forward',
+      String(port),
+    ]);
     await relay.ready;
     const client = net.connect({ host: address, port, allowHalfOpen: true });
     sockets.add(client);
@@ -628,7 +647,16 @@ describe('relay.py serve', () => {
         socket.end(Buffer.concat([digest, answerBody]));
       });
     });
-    const relay = startRelay(['--uid', 'halfclose', '--bind', address, '--socket-dir', dir, '--forward', String(port)]);
+    const relay = await startRelay([
+      '--uid',
+      'halfclose',
+      '--bind',
+      address,
+      '--socket-dir',
+      dir,
+      '--forward',
+      String(port),
+    ]);
     await relay.ready;
 
     const result = await exchange(address, port, request);
@@ -644,9 +672,12 @@ describe('relay.py serve', () => {
     const dir = await makeSocketDir(job);
     const [port] = (await freePorts(address, 1)) as [number];
     const unix = await unixServer(path.join(dir, `${port}.sock`), echo, job);
-    const relay = startRelay(['--uid', 'owner-v4', '--bind', address, '--socket-dir', dir, '--forward', String(port)], {
-      user: job,
-    });
+    const relay = await startRelay(
+      ['--uid', 'owner-v4', '--bind', address, '--socket-dir', dir, '--forward', String(port)],
+      {
+        user: job,
+      },
+    );
     expect(await relay.ready).toBe(`ready ${address}`);
 
     // root (this process) is not the job's user
@@ -691,9 +722,12 @@ describe('relay.py serve', () => {
     const dir = await makeSocketDir(job);
     const [port] = (await freePorts(address, 1)) as [number];
     const unix = await unixServer(path.join(dir, `${port}.sock`), echo, job);
-    const relay = startRelay(['--uid', 'owner-v6', '--bind', address, '--socket-dir', dir, '--forward', String(port)], {
-      user: job,
-    });
+    const relay = await startRelay(
+      ['--uid', 'owner-v6', '--bind', address, '--socket-dir', dir, '--forward', String(port)],
+      {
+        user: job,
+      },
+    );
     await relay.ready;
 
     // The sandbox's network stack has been seen to drop an IPv4-mapped SYN now and then: a connection
@@ -725,7 +759,16 @@ describe('relay.py serve', () => {
     const address = randomLoopback();
     const dir = await makeSocketDir();
     const [port] = (await freePorts(address, 1)) as [number];
-    const relay = startRelay(['--uid', 'missing', '--bind', address, '--socket-dir', dir, '--forward', String(port)]);
+    const relay = await startRelay([
+      '--uid',
+      'missing',
+      '--bind',
+      address,
+      '--socket-dir',
+      dir,
+      '--forward',
+      String(port),
+    ]);
     await relay.ready;
 
     const missing = await exchange(address, port, 'anyone there?', { end: false });
@@ -739,11 +782,76 @@ describe('relay.py serve', () => {
     expect(relay.child.exitCode).toBeNull();
   });
 
+  it('boot: holds the address and closes connections until the relay is delivered, then becomes it (one pid)', async () => {
+    const address = randomLoopback();
+    const dir = await makeSocketDir();
+    const [port] = (await freePorts(address, 1)) as [number];
+    await unixServer(path.join(dir, `${port}.sock`), echo);
+    // No relay.py in the dir: the boot alone, as a job is before the fleet reaches it.
+    const boot = watch(
+      spawn(
+        PYTHON,
+        [
+          '-I',
+          bootPath,
+          'serve',
+          '--foreground',
+          '--uid=boot',
+          `--bind=${address}`,
+          `--socket-dir=${dir}`,
+          `--forward=${port}`,
+        ],
+        {
+          stdio: ['ignore', 'pipe', 'pipe'],
+        },
+      ),
+    );
+    expect(await boot.ready).toBe(`ready ${address}`);
+    // The ready line first (the delivery reads the addresses from it), then what the boot wants.
+    const want = () => readFile(path.join(dir, 'relay.want'), 'utf8').catch(() => '');
+    await waitFor(async () => (await want()) !== '', 5_000, 'relay.want');
+    expect((await want()).trim()).toBe('handoff 1');
+    expect((await readFile(path.join(dir, 'relay.pids'), 'utf8')).trim()).toBe(String(boot.child.pid));
+    // Held, but nothing relayed: closed at once (the forward is not up, as far as the workload can tell).
+    const early = await exchange(address, port, 'too early');
+    expect(early.data.length).toBe(0);
+    expect(early.lifeMs, boot.stderr()).toBeLessThan(500);
+    const squatter = net.createServer();
+    servers.add(squatter);
+    const squatted = await new Promise<string>((resolve) => {
+      squatter.once('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? 'error'));
+      squatter.listen({ host: address, port }, () => resolve('listening'));
+    });
+    expect(squatted).toBe('EADDRINUSE');
+
+    // The fleet delivers the relay (written whole, then renamed into place, as the delivery script does).
+    await copyFile(RELAY_SOURCE, path.join(dir, 'relay.py.new'));
+    await rename(path.join(dir, 'relay.py.new'), path.join(dir, 'relay.py'));
+    await waitFor(() => boot.stdout().includes('\nisolation '), 5_000, 'the relay to run');
+    const relayed = await exchange(address, port, 'through the relay');
+    expect(relayed.data.toString()).toBe('through the relay');
+    // The same process, now the relay's holder (its relaying child beside it).
+    const pids = (await readFile(path.join(dir, 'relay.pids'), 'utf8')).trim().split(' ');
+    expect(pids[0]).toBe(String(boot.child.pid));
+    expect(boot.child.exitCode).toBeNull();
+    boot.child.kill('SIGTERM');
+    expect((await boot.exit).code).toBe(0);
+  });
+
   it('exits when the socket dir is removed', async () => {
     const address = randomLoopback();
     const dir = await makeSocketDir();
     const [port] = (await freePorts(address, 1)) as [number];
-    const relay = startRelay(['--uid', 'dirgone', '--bind', address, '--socket-dir', dir, '--forward', String(port)]);
+    const relay = await startRelay([
+      '--uid',
+      'dirgone',
+      '--bind',
+      address,
+      '--socket-dir',
+      dir,
+      '--forward',
+      String(port),
+    ]);
     await relay.ready;
     expect(await probe(address, port)).toBe('connected');
 
@@ -759,10 +867,11 @@ describe('relay.py serve', () => {
     const address = randomLoopback();
     const dir = await makeSocketDir();
     const [port] = (await freePorts(address, 1)) as [number];
-    const command = `${PYTHON} -I ${relayPath} serve --uid parent --bind ${address} --socket-dir ${dir} --forward ${port} & echo "pid $!"; wait`;
+    await copyFile(RELAY_SOURCE, path.join(dir, 'relay.py'));
+    const command = `${PYTHON} -I ${bootPath} serve --foreground --uid=parent --bind=${address} --socket-dir=${dir} --forward=${port} & echo "pid $!"; wait`;
     const shell = watch(spawn('sh', ['-c', command], { stdio: ['ignore', 'pipe', 'pipe'] }));
     await waitFor(
-      () => /^pid \d+$/m.test(shell.stdout()) && shell.stdout().includes(`ready ${address}\n`),
+      () => /^pid \d+$/m.test(shell.stdout()) && shell.stdout().includes(`ready ${address}\nisolation `),
       10_000,
       'ready',
     );
@@ -781,7 +890,16 @@ describe('relay.py serve', () => {
     const address = randomLoopback();
     const dir = await makeSocketDir();
     const [port] = (await freePorts(address, 1)) as [number];
-    const relay = startRelay(['--uid', 'term', '--bind', address, '--socket-dir', dir, '--forward', String(port)]);
+    const relay = await startRelay([
+      '--uid',
+      'term',
+      '--bind',
+      address,
+      '--socket-dir',
+      dir,
+      '--forward',
+      String(port),
+    ]);
     await relay.ready;
     const signalled = Date.now();
     relay.child.kill('SIGTERM');
@@ -800,7 +918,7 @@ describe('relay.py serve', () => {
     blocker.listen({ host: address, port: taken });
     await once(blocker, 'listening');
 
-    const relay = startRelay([
+    const relay = await startRelay([
       '--uid',
       'bindfail',
       '--bind',
@@ -836,7 +954,9 @@ describe('relay.py serve', () => {
     );
     try {
       await new Promise<void>((resolve) => holder.stdout?.once('data', () => resolve()));
-      const relay = startRelay(['--uid', 'wildcard', '--socket-dir', dir, '--forward', String(port)], { user: job });
+      const relay = await startRelay(['--uid', 'wildcard', '--socket-dir', dir, '--forward', String(port)], {
+        user: job,
+      });
       await expect(relay.ready).rejects.toThrow(/exited/);
       expect((await relay.exit).code).toBe(1);
       expect(relay.stderr()).toContain(
@@ -870,7 +990,16 @@ describe('relay.py serve', () => {
       });
       socket.on('end', () => socket.end());
     });
-    const relay = startRelay(['--uid', 'reset', '--bind', address, '--socket-dir', dir, '--forward', String(port)]);
+    const relay = await startRelay([
+      '--uid',
+      'reset',
+      '--bind',
+      address,
+      '--socket-dir',
+      dir,
+      '--forward',
+      String(port),
+    ]);
     await relay.ready;
 
     for (let round = 0; round < 5; round++) {
@@ -906,41 +1035,30 @@ describe('relay.py serve', () => {
   it('rejects bad arguments with status 2 and a message naming the flag', async () => {
     const dir = await makeSocketDir();
     const base = ['--uid', 'x', '--bind', randomLoopback(), '--socket-dir', dir];
-    const cases: Array<{ args: string[]; flag: string; env?: Record<string, string> }> = [
-      { args: ['serve', ...base, '--forward', '0'], flag: '--forward' },
-      { args: ['serve', ...base, '--forward', '65536'], flag: '--forward' },
-      { args: ['serve', ...base, '--forward', 'http'], flag: '--forward' },
-      { args: ['serve', ...base, '--forward', '8080='], flag: '--forward' },
-      { args: ['serve', ...base, '--forward', '8080', '--forward', '8080'], flag: '--forward' },
-      { args: ['serve', ...base, '--forward', '1:8080'], flag: 'without gaps' },
-      { args: ['serve', ...base, '--forward', '64:8080'], flag: 'address group' },
-      { args: ['serve', ...base, '--forward', '8080', '--forward', '1:8080'], flag: '--bind: 1 given' },
-      { args: ['serve', ...base, '--forward', `8080=/${'x'.repeat(120)}`], flag: '--forward' },
-      { args: ['serve', ...base], flag: '--forward' },
+    const cases: Array<{ args: string[]; flag: string }> = [
+      { args: ['serve', ...base, '--forward', '0'], flag: '--forward 0' },
+      { args: ['serve', ...base, '--forward', '65536'], flag: '--forward 65536' },
+      { args: ['serve', ...base, '--forward', 'http'], flag: '--forward http' },
+      { args: ['serve', ...base, '--forward', '8080 8080'], flag: '--forward 8080' },
+      { args: ['serve', ...base, '--forward', '1:8080'], flag: 'numbered 0..n-1' },
+      { args: ['serve', ...base, '--forward', '64:8080'], flag: '--forward 64:8080' },
+      { args: ['serve', ...base, '--forward', '8080', '--forward', '1:8080'], flag: '--bind: 1 given for 2' },
+      { args: ['serve', ...base, '--forward', `8080=/${'x'.repeat(120)}`], flag: 'under 108 bytes' },
+      { args: ['serve', ...base], flag: '--forward: none' },
       { args: ['serve', '--socket-dir', dir, '--forward', '8080'], flag: '--uid' },
-      { args: ['serve', '--uid', '', '--socket-dir', dir, '--forward', '8080'], flag: '--uid' },
-      {
-        args: ['serve', '--uid-from-env', 'BH_TEST_EMPTY', '--socket-dir', dir, '--forward', '8080'],
-        flag: '--uid-from-env',
-        env: { BH_TEST_EMPTY: '' },
-      },
-      {
-        args: ['serve', '--uid-from-env', 'BH_TEST_SURELY_UNSET_VAR', '--socket-dir', dir, '--forward', '8080'],
-        flag: '--uid-from-env',
-      },
-      { args: ['serve', '--uid', 'x', '--socket-dir', dir, '--forward', '8080', '--bind', 'nowhere'], flag: '--bind' },
       { args: ['serve', '--uid', 'x', '--forward', '8080'], flag: '--socket-dir' },
-      { args: ['derive', '--uid', 'x'], flag: '--socket-root' },
-      { args: ['frobnicate'], flag: 'frobnicate' },
-      { args: [], flag: 'derive' },
+      { args: ['serve', '--uid', 'x', '--socket-dir', dir, '--frobnicate', 'y'], flag: '--frobnicate' },
+      { args: ['prepare', '--uid', 'x', '--socket-root', '/tmp'], flag: 'prepare|serve|wait' },
+      { args: ['frobnicate', '--socket-dir', dir], flag: 'frobnicate' },
+      { args: [], flag: 'prepare|serve|wait' },
     ];
-    const results = await Promise.all(cases.map((c) => runRelay(c.args, c.env ?? {})));
+    const results = await Promise.all(cases.map((c) => runBoot(c.args)));
     results.forEach((result, index) => {
       const c = cases[index] as (typeof cases)[number];
       const label = JSON.stringify(c.args);
-      expect(result.code, label).toBe(2);
+      expect(result.code, `${label}: ${result.stderr}`).toBe(2);
       expect(result.stdout, label).toBe('');
-      expect(result.stderr, label).toMatch(/^backhaul-relay: /);
+      expect(result.stderr, label).toMatch(/^backhaul: /);
       expect(result.stderr, label).toContain(c.flag);
     });
   });

@@ -4,7 +4,9 @@ import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { chmod, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { spawnAs, type TestUser, userEnv } from '../fixtures/users.js';
+import { type RelayDelivery, renderDeliverRelay } from '../../src/render/relay-delivery.js';
+import { relaySource } from '../../src/render/relay-source.js';
+import { runAs, spawnAs, type TestUser, userEnv } from '../fixtures/users.js';
 
 /**
  * Runs generated scripts as an unprivileged user and lets a test look at them while they run: the
@@ -45,6 +47,8 @@ export interface Exit {
 export class RunningScript {
   stdout = '';
   stderr = '';
+  /** What each delivery of the relay into this job printed (`<status> <stdout> <stderr>`). */
+  readonly deliveries: string[] = [];
   readonly startedAt = Date.now();
   readonly exited: Promise<Exit>;
 
@@ -190,4 +194,14 @@ export async function eventually(check: () => boolean | Promise<boolean>, timeou
 
 export function gone(path: string): boolean {
   return !existsSync(path);
+}
+
+/**
+ * What the session host does once it reaches the job (ShadowSession.deliverRelay): the same script, as
+ * USER, from the job's socket dir. Returns what it printed (`<status> <stdout> <stderr>`).
+ */
+export async function deliverRelay(user: TestUser, delivery: Omit<RelayDelivery, 'relay'>): Promise<string> {
+  const input = renderDeliverRelay({ ...delivery, relay: relaySource() });
+  const ran = await runAs(user, '/bin/sh', ['-s'], { input });
+  return `${ran.code} ${ran.stdout.trim()} ${ran.stderr.trim()}`;
 }

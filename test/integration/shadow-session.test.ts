@@ -14,6 +14,7 @@ import {
   jobScript,
   MiB,
   planFor,
+  preludeV1JobScript,
   startSession,
   trapLessJobScript,
   uid,
@@ -87,6 +88,31 @@ describe.each([
     expect(session.stats?.bytesToCluster).toBe(100 * MiB);
     expect(await exists(plan.socketDir)).toBe(false);
   }, 180_000);
+
+  it('a job whose prelude carries its own relay (admitted before the boot) gets its forwards from this fleet', async () => {
+    const podUid = uid();
+    const plan = planFor(h, podUid, `15020:127.0.0.1:${echo.port} 15021:echo.user.svc.cluster.local:${echo.port}`);
+    const out = join(h.workdir, `${podUid}.out`);
+    const jobId = await sbatch(h.site.user, preludeV1JobScript(h, workload(15020, MiB)), {
+      jobName: podUid,
+      output: out,
+    });
+    const { phases, infos, ended } = startSession(h, plan);
+    await waitForState(jobId, ['COMPLETED', 'FAILED', 'CANCELLED'], 120_000);
+    const seen = `phases ${JSON.stringify(phases)}; log ${infos.join(' | ')}; job output:\n${await readFile(out, 'utf8').catch(() => '')}`;
+    expect(await readFile(out, 'utf8'), seen).toContain(`workload ${MiB} ${MiB} True`);
+    // Its own relay, as it started it, and its own hosts file: the fleet delivered nothing.
+    expect(infos.join('\n'), seen).toContain('nothing to deliver');
+    expect(phases[3], seen).toEqual({
+      type: 'FORWARDS_READY',
+      addresses: [bindAddress(podUid, 0), bindAddress(podUid, 1)],
+      isolation: { relay: 'job', sockets: 'user' },
+    });
+    const end = await ended;
+    expect(end, seen).toMatchObject({ type: 'JOB_ENDED' });
+    expect(end, 'its trap ran').not.toHaveProperty('trapMissed');
+    expect(await exists(plan.socketDir)).toBe(false);
+  }, 120_000);
 
   it('reports the job ended within 10 s of scancel and leaves no socket, process or step', async () => {
     const podUid = uid();

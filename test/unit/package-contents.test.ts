@@ -18,6 +18,7 @@ describe('the package', () => {
     expect(paths).toContain('bin/backhaul.js');
     expect(paths).toContain('dist/cli/main.js');
     expect(paths).toContain('dist/render/relay.py');
+    expect(paths).toContain('dist/render/relay-boot.py');
     expect(paths.some((p) => p.startsWith('redis/') && p.endsWith('.lua'))).toBe(true);
     const foreign = paths.filter((p) => /(^|\/)(sandbox|demo|tools|test|bench|scripts)(\/|$)/.test(p));
     expect(foreign).toEqual([]);

@@ -156,7 +156,7 @@ describe('prelude markers', () => {
     expect(err.message).toMatch(/without its end marker/);
   });
 
-  it('embeds the relay source unchanged', () => {
+  it('reads the relay the session host delivers', () => {
     expect(relaySource()).toMatch(/def serve\(/);
   });
 });

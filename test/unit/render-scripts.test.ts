@@ -17,6 +17,8 @@ import {
   renderSocketWatch,
 } from '../../src/render/node-scripts.js';
 import { renderPrelude } from '../../src/render/prelude.js';
+import { renderDeliverRelay } from '../../src/render/relay-delivery.js';
+import { relaySource } from '../../src/render/relay-source.js';
 import { shellQuote, shellWord } from '../../src/render/shell-quote.js';
 import { renderBootstrap } from '../../src/render/userspace-sshd.js';
 import type { CarrierMode } from '../../src/spec/carrier-mode.js';
@@ -127,6 +129,17 @@ function allScripts(): Script[] {
     `#!/bin/sh\n${renderRemoveOwnSockets(new Map(sockets.map((p, i) => [p, String(1000 + i)])))}`,
   );
   add('remove-dead-job-dir', `#!/bin/sh\n${renderRemoveDeadJobDir(dir)}`);
+  for (const [label, forwards] of [
+    ['one', 'redis:6379'],
+    ['shared-port', 'pg-a:5432 pg-b:5432 10.0.0.1:8080'],
+    ['64', many],
+  ] as const) {
+    const delivered = requestFor('node', forwards, undefined).request.forwards;
+    add(
+      `deliver-relay-${label}`,
+      `#!/bin/sh\n${renderDeliverRelay({ socketDir: dir, uid: UID, forwards: delivered, relay: relaySource() })}`,
+    );
+  }
   add(
     'remove-own-sockets-and-dead-job-dir',
     `#!/bin/sh\n${renderRemoveOwnSockets(new Map([[sockets[0] ?? '', '1000']]), dir)}`,
@@ -264,12 +277,19 @@ describe('no value reaches the prelude unquoted', () => {
   });
 
   it('quotes ports and names', () => {
-    const { site, request } = requestFor('node', 'redis:6379 10.0.0.1:8080', undefined);
+    const { site, request } = requestFor('node', 'redis:6379 pg:5432 10.0.0.1:8080', undefined);
     const text = renderPrelude(request, site.Network.SSH.Reverse);
-    expect(text).toContain("--forward='6379' --forward='8080'");
-    expect(text).toContain(`[ ! -S "$bh_dir"/'6379.sock' ]`);
-    expect(text).toContain(`bh_missing="$bh_missing "'8080'`);
-    expect(text).toContain(`"$bh_addr" 'redis.user.svc.cluster.local redis.user.svc redis.user redis'`);
+    expect(text).toContain("bh_fw='6379 1:5432 8080'");
+    expect(text).toContain('--forward="$bh_fw"');
+    // The names travel with the relay, in the script the session host runs: each group's on its address.
+    const delivery = renderDeliverRelay({
+      socketDir: '/tmp/bh-x',
+      uid: UID,
+      forwards: request.forwards,
+      relay: 'pass\n',
+    });
+    expect(delivery).toContain(`"\${1}" 'redis.user.svc.cluster.local redis.user.svc redis.user redis'`);
+    expect(delivery).toContain(`"\${2}" 'pg.user.svc.cluster.local pg.user.svc pg.user pg'`);
   });
 
   it('refuses names that are not host names instead of quoting them into the hosts file', () => {
