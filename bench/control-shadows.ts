@@ -12,6 +12,9 @@
  *   session  the session role in this process (startFleet roles [session], as `backhaul worker` runs it)
  *            and a `backhaul worker --roles control` process; pods are sent POD_UPSERT and each becomes a
  *            SessionHost job holding its ShadowSession, lease renewal and all.
+ *   takeover as session, but the session role is a `backhaul worker --roles session` process (host A);
+ *            once every shadow is up, a second one (host B) starts, A is killed with SIGKILL, and the time
+ *            until every pod is active again on B is measured (heap figures are then the bench's own).
  * Shadows start in waves (the single login connection must not get more exec channels at once than the
  * login sshd's MaxSessions). `warm` shadows are established first and the baseline heap taken after them
  * (one-time costs: the login connection, ssh2's crypto, BullMQ's worker), then N more; after `idle-ms`
@@ -29,7 +32,7 @@ import { parseArgs, promisify } from 'node:util';
 import { stringify as toYaml } from 'yaml';
 import { type RunningFleet, startFleet } from '../src/fleet/fleet.js';
 import { silentLogger } from '../src/log.js';
-import { sendEvent } from '../src/pods/queues.js';
+import { type FleetQueues, openQueues, sendEvent } from '../src/pods/queues.js';
 import type { SessionPlan } from '../src/render/session-plan.js';
 import { parseSiteConfig, type SiteConfig } from '../src/spec/site-config.js';
 import { dialRulesOf } from '../src/ssh/endpoint-dial.js';
@@ -61,7 +64,7 @@ const { values } = parseArgs({
     run: { type: 'string' },
   },
 });
-const MODE = values.mode === 'session' ? 'session' : 'raw';
+const MODE = values.mode === 'session' || values.mode === 'takeover' ? values.mode : 'raw';
 const N = Number(values.shadows);
 const WARM = Number(values.warm);
 const WAVE = Number(values.wave);
@@ -212,6 +215,34 @@ async function socketsPresent(list: readonly string[]): Promise<number> {
 }
 
 let startShadows: (list: readonly string[]) => Promise<void>;
+/** Takeover mode: kills session host A and measures how soon host B holds every pod. */
+let takeoverPhase: (() => Promise<Record<string, number | null>>) | undefined;
+const sessionHosts: Child[] = [];
+/** `backhaul worker --roles session` as host `bench-host-<name>` (takeover mode). */
+function startSessionHost(name: string, configPath: string): Child {
+  const child = spawnChild(
+    `session host ${name}`,
+    process.execPath,
+    [
+      join(ROOT, 'bin', 'backhaul.js'),
+      'worker',
+      '--roles',
+      'session',
+      '--config',
+      configPath,
+      '--redis',
+      URL_,
+      '--host-id',
+      `bench-host-${name}`,
+    ],
+    {
+      env: { ...process.env, BACKHAUL_LOG_LEVEL: 'warn' },
+      logFile: join(tmpdir(), `bh-bench-shadows-host-${name}-${run}.log`),
+    },
+  );
+  onCleanup(`session host ${name}`, () => child.stop());
+  return child;
+}
 let stopAll: () => Promise<void>;
 let fleet: RunningFleet | undefined;
 const sessions = new Map<string, { session: ShadowSession; ended: Promise<ShadowEnd> }>();
@@ -287,13 +318,62 @@ if (MODE === 'raw') {
   );
   onCleanup('control worker', () => control.stop());
   await sleep(3_000);
-  const hostConn = createRedis(URL_, { connectionName: 'bench-session-host' });
-  fleet = await startFleet(config, hostConn, silentLogger(), { roles: ['session'], hostId: 'bench-session-host' });
-  const queues = fleet.deps.queues;
-  onCleanup('session host', async () => {
-    await fleet?.stop();
-    hostConn.disconnect();
-  });
+  let queues: FleetQueues;
+  if (MODE === 'session') {
+    const hostConn = createRedis(URL_, { connectionName: 'bench-session-host' });
+    fleet = await startFleet(config, hostConn, silentLogger(), { roles: ['session'], hostId: 'bench-session-host' });
+    queues = fleet.deps.queues;
+    onCleanup('session host', async () => {
+      await fleet?.stop();
+      hostConn.disconnect();
+    });
+  } else {
+    sessionHosts.push(startSessionHost('a', configPath));
+    queues = openQueues(redis);
+    onCleanup('queues', () => queues.close());
+    await sleep(3_000);
+  }
+  takeoverPhase = async () => {
+    const holder = async (uid: string) => (await redis.hget(`bh:lease:${uid}`, 'holder')) ?? '';
+    const b = startSessionHost('b', configPath);
+    sessionHosts.push(b);
+    await sleep(5_000);
+    const a = sessionHosts[0] as Child;
+    const onA = (await Promise.all(uids.map(holder))).filter((h) => h === 'bench-host-a').length;
+    say(`shadows(takeover): ${onA}/${uids.length} shadows on host A; SIGKILL to it`);
+    const killedAt = Date.now();
+    process.kill(a.pid, 'SIGKILL');
+    const back = new Map<string, number>();
+    const deadline = killedAt + 30 * 60_000;
+    let told = 0;
+    while (back.size < uids.length && Date.now() < deadline) {
+      for (const uid of uids) {
+        if (back.has(uid)) continue;
+        if ((await stateOf(uid)) === 'active' && (await holder(uid)) === 'bench-host-b')
+          back.set(uid, Date.now() - killedAt);
+      }
+      if (back.size >= told + 100) {
+        told = back.size;
+        say(
+          `shadows(takeover): ${back.size}/${uids.length} active on B, ${((Date.now() - killedAt) / 1000).toFixed(1)} s after the kill`,
+        );
+      }
+      await sleep(250);
+    }
+    const times = [...back.values()].sort((x, y) => x - y);
+    const at = (q: number) =>
+      times.length ? (times[Math.min(times.length - 1, Math.floor(q * times.length))] ?? 0) / 1000 : null;
+    return {
+      shadows: uids.length,
+      onHostA: onA,
+      backOnB: times.length,
+      firstSeconds: at(0),
+      medianSeconds: at(0.5),
+      p90Seconds: at(0.9),
+      allSeconds: times.length === uids.length ? at(1) : null,
+      socketsAfter: await socketsPresent(uids),
+    };
+  };
   const stateOf = async (uid: string) => (await redis.hget(`bh:pod:${uid}`, 'state')) ?? '(none)';
   startShadows = async (list) => {
     await Promise.all(
@@ -403,8 +483,11 @@ const expectedSockets = mainUids.length * 2;
 await sleep(PAUSE_MS ?? 5_000);
 const later = await heapNow();
 
+const takeover = takeoverPhase ? await takeoverPhase() : undefined;
+
 const result = {
   mode: MODE,
+  ...(takeover ? { takeover } : {}),
   shadows: N,
   warm: WARM,
   forwardsPerShadow: 2,

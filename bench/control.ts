@@ -13,7 +13,9 @@
  *   experiments  the same end-to-end run with src's ControlWorker at other settings (bench/control-worker-variant.ts):
  *                concurrency 32/16, 128/64 (the default), 256/128, and ioredis auto-pipelining; 1 and 2 processes.
  *   shadows      heap per idle shadow on the loopback site (bench/control-shadows.ts, in a child with
- *                --expose-gc), BENCH_SHADOWS shadows (100) in each of BENCH_SHADOW_MODES (session,raw), after
+ *                --expose-gc), BENCH_SHADOWS shadows (100) in each of BENCH_SHADOW_MODES (session,raw; takeover:
+ *                the session host as a process, killed with SIGKILL once every shadow is up, and the time
+ *                until a second one holds them all), after
  *                BENCH_SHADOW_WARM (10) warm ones, read after BENCH_SHADOW_IDLE_MS (15000) of idling; the
  *                heap of every thread (the session host's tunnel threads hold the carriers). BENCH_SHADOW_PAUSE_MS
  *                shortens its two settling pauses (3 s, 5 s): the CI smoke test does.
@@ -480,6 +482,17 @@ try {
         [false, true, true, true, true, true, true, true, true, true, true, true, true],
       ),
     );
+    const takeovers = shadowResults
+      .map((r) => (r as { takeover?: Record<string, number | null> }).takeover)
+      .filter((t) => t !== undefined);
+    for (const t of takeovers) {
+      out('');
+      out(`== Takeover: session host A (${t.onHostA} shadows) killed with SIGKILL, host B takes them over`);
+      out(
+        `back on B: ${t.backOnB}/${t.shadows}; first ${fmt(Number(t.firstSeconds), 1)} s, median ${fmt(Number(t.medianSeconds), 1)} s, ` +
+          `p90 ${fmt(Number(t.p90Seconds), 1)} s, all ${t.allSeconds === null ? 'not within 30 min' : `${fmt(Number(t.allSeconds), 1)} s`} after the kill; sockets ${t.socketsAfter}`,
+      );
+    }
   }
 } finally {
   await cleanupAll();

@@ -31,6 +31,9 @@ const figures = z.looseObject({
         expectedSockets: z.number(),
         heapPerShadowKiB: z.number(),
         threadsHeapPerShadowKiB: z.number(),
+        takeover: z
+          .looseObject({ shadows: z.number(), backOnB: z.number(), allSeconds: z.number().nullable() })
+          .optional(),
       }),
     )
     .length(2),
@@ -60,6 +63,9 @@ beforeAll(async () => {
           BENCH_SHADOW_WARM: '1',
           BENCH_SHADOW_IDLE_MS: '1000',
           BENCH_SHADOW_PAUSE_MS: '500',
+          // The session host in this process, and as two processes with a takeover (kill -9 of the first);
+          // the raw mode (ShadowSessions without the fleet) is the session mode's own path below the fleet.
+          BENCH_SHADOW_MODES: 'session,takeover',
           BENCH_JSON: join(dir, 'figures.json'),
         },
       },
@@ -91,5 +97,10 @@ describe('npm run bench:control, every part at its smallest size', () => {
     }
     // The session host's carriers live in its tunnel threads: their heap is counted.
     expect(f.shadows.find((s) => s.mode === 'session')?.threadsHeapPerShadowKiB).not.toBe(0);
+    // Every shadow of the killed host is back on the other one.
+    const takeover = f.shadows.find((s) => s.mode === 'takeover')?.takeover;
+    expect(takeover, ran.output.slice(-3000)).toBeDefined();
+    expect(takeover?.backOnB, JSON.stringify(takeover)).toBe(takeover?.shadows);
+    expect(takeover?.allSeconds, JSON.stringify(takeover)).not.toBeNull();
   });
 });

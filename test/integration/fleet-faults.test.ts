@@ -83,9 +83,12 @@ async function startControlAndHost(configPath: string, hostId: string) {
   return { control, host };
 }
 
+// ClientAliveInterval 0 (OpenSSH's default): the node sshd never drops the stopped host's carrier, so
+// the stale host wakes with its forwards still bound: the harder case. (With the site's 2 s the sshd drops
+// them meanwhile and the host wakes to a lost carrier, the ordinary path of the carrier-lost tests; run
+// here too until the suite's time budget needed the 26 s.)
 describe.each([
   ['0 (OpenSSH default: a stopped client is never dropped)', ['ClientAliveInterval 0']],
-  ['2', []],
 ])('a stale session host that wakes after a takeover, node sshd ClientAliveInterval %s', (_label, nodeExtra) => {
   it('leaves its successor the sockets: the pod stays active and its job keeps getting through', async () => {
     const site = await fleetSite({ nodeExtra });
