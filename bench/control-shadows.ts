@@ -333,47 +333,48 @@ if (MODE === 'raw') {
     onCleanup('queues', () => queues.close());
     await sleep(3_000);
   }
-  takeoverPhase = async () => {
-    const holder = async (uid: string) => (await redis.hget(`bh:lease:${uid}`, 'holder')) ?? '';
-    const b = startSessionHost('b', configPath);
-    sessionHosts.push(b);
-    await sleep(5_000);
-    const a = sessionHosts[0] as Child;
-    const onA = (await Promise.all(uids.map(holder))).filter((h) => h === 'bench-host-a').length;
-    say(`shadows(takeover): ${onA}/${uids.length} shadows on host A; SIGKILL to it`);
-    const killedAt = Date.now();
-    process.kill(a.pid, 'SIGKILL');
-    const back = new Map<string, number>();
-    const deadline = killedAt + 30 * 60_000;
-    let told = 0;
-    while (back.size < uids.length && Date.now() < deadline) {
-      for (const uid of uids) {
-        if (back.has(uid)) continue;
-        if ((await stateOf(uid)) === 'active' && (await holder(uid)) === 'bench-host-b')
-          back.set(uid, Date.now() - killedAt);
+  if (MODE === 'takeover')
+    takeoverPhase = async () => {
+      const holder = async (uid: string) => (await redis.hget(`bh:lease:${uid}`, 'holder')) ?? '';
+      const b = startSessionHost('b', configPath);
+      sessionHosts.push(b);
+      await sleep(5_000);
+      const a = sessionHosts[0] as Child;
+      const onA = (await Promise.all(uids.map(holder))).filter((h) => h === 'bench-host-a').length;
+      say(`shadows(takeover): ${onA}/${uids.length} shadows on host A; SIGKILL to it`);
+      const killedAt = Date.now();
+      process.kill(a.pid, 'SIGKILL');
+      const back = new Map<string, number>();
+      const deadline = killedAt + 30 * 60_000;
+      let told = 0;
+      while (back.size < uids.length && Date.now() < deadline) {
+        for (const uid of uids) {
+          if (back.has(uid)) continue;
+          if ((await stateOf(uid)) === 'active' && (await holder(uid)) === 'bench-host-b')
+            back.set(uid, Date.now() - killedAt);
+        }
+        if (back.size >= told + 100) {
+          told = back.size;
+          say(
+            `shadows(takeover): ${back.size}/${uids.length} active on B, ${((Date.now() - killedAt) / 1000).toFixed(1)} s after the kill`,
+          );
+        }
+        await sleep(250);
       }
-      if (back.size >= told + 100) {
-        told = back.size;
-        say(
-          `shadows(takeover): ${back.size}/${uids.length} active on B, ${((Date.now() - killedAt) / 1000).toFixed(1)} s after the kill`,
-        );
-      }
-      await sleep(250);
-    }
-    const times = [...back.values()].sort((x, y) => x - y);
-    const at = (q: number) =>
-      times.length ? (times[Math.min(times.length - 1, Math.floor(q * times.length))] ?? 0) / 1000 : null;
-    return {
-      shadows: uids.length,
-      onHostA: onA,
-      backOnB: times.length,
-      firstSeconds: at(0),
-      medianSeconds: at(0.5),
-      p90Seconds: at(0.9),
-      allSeconds: times.length === uids.length ? at(1) : null,
-      socketsAfter: await socketsPresent(uids),
+      const times = [...back.values()].sort((x, y) => x - y);
+      const at = (q: number) =>
+        times.length ? (times[Math.min(times.length - 1, Math.floor(q * times.length))] ?? 0) / 1000 : null;
+      return {
+        shadows: uids.length,
+        onHostA: onA,
+        backOnB: times.length,
+        firstSeconds: at(0),
+        medianSeconds: at(0.5),
+        p90Seconds: at(0.9),
+        allSeconds: times.length === uids.length ? at(1) : null,
+        socketsAfter: await socketsPresent(uids),
+      };
     };
-  };
   const stateOf = async (uid: string) => (await redis.hget(`bh:pod:${uid}`, 'state')) ?? '(none)';
   startShadows = async (list) => {
     await Promise.all(

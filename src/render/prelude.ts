@@ -71,7 +71,7 @@ export function renderPrelude(request: PreludeRequest, settings: PreludeSettings
     // Single quotes rather than a heredoc inside $(...): every shell reads them the same way (old
     // bash versions mis-parse some heredocs in command substitutions), and nothing in them expands.
     '# shellcheck disable=SC2016',
-    `# src/render/relay-boot.py (sha256 ${createHash('sha256').update(boot).digest('hex').slice(0, 16)}…), zlib, base85`,
+    `# relay-boot.py (sha256 ${createHash('sha256').update(boot).digest('hex').slice(0, 16)}…), zlib, base85: backhaul render boot`,
     `bh_boot=${shellQuote(packBoot(boot))}`,
     ...prepare(settings),
     ...(relayed.length > 0 ? startRelay(relayed) : ['bh_addrs=']),

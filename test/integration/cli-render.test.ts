@@ -1,4 +1,5 @@
 import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -74,6 +75,17 @@ describe.concurrent('backhaul render', () => {
     const check = await shellcheck(run.stdout);
     expect(check.stdout).toBe('');
     expect(check.code).toBe(0);
+  });
+
+  it('prints the boot the prelude carries: the text whose sha256 the prelude names, which Python reads', async () => {
+    const [boot, prelude] = await Promise.all([
+      backhaul(['render', 'boot']),
+      backhaul(['render', 'prelude', `${EXAMPLES}pod-forwards.yaml`, '--config', `${EXAMPLES}site-node.yaml`]),
+    ]);
+    expect(boot.code, boot.stderr).toBe(0);
+    const digest = createHash('sha256').update(boot.stdout.replace(/\n$/, '')).digest('hex').slice(0, 16);
+    expect(prelude.stdout).toContain(`(sha256 ${digest}…)`);
+    expect(boot.stdout).toContain('def serve(o):');
   });
 
   it.each([

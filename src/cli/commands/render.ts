@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { renderPrelude } from '../../render/prelude.js';
+import { bootSource } from '../../render/relay-source.js';
 import { renderSessionPlan } from '../../render/session-plan.js';
 import type { PodRef } from '../../spec/pod.js';
 import { parseReverseRequest, type ReverseRequest, requestContext } from '../../spec/reverse-request.js';
@@ -30,6 +31,14 @@ export function registerRender(program: Command): void {
     .action(async (podFile: string, opts: ConfigOption) => {
       const { site, request } = await loadRequest(podFile, opts);
       process.stdout.write(renderPrelude(request, site.Network.SSH.Reverse));
+    });
+  render
+    .command('boot')
+    .description(
+      "print the relay boot every prelude carries compressed (its sha256's first 16 hex digits are in the prelude's comment)",
+    )
+    .action(() => {
+      process.stdout.write(`${bootSource()}\n`);
     });
   render
     .command('plan')
