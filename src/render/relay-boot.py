@@ -209,7 +209,8 @@ def wait(o):
             return log("forwards ready after %d s" % waited)
         if waited >= limit:
             return log("warning: forwards not ready after %d s, missing ports: %s; starting the workload anyway "
-                       "(connections to those ports are closed until their forwards are up)" % (limit, named(missing)))
+                       "(connections to those ports are closed until their forwards are up)%s" % (limit, named(missing),
+                       "; the fleet has not reached this job yet" * (not os.path.exists(o["--socket-dir"] + "/relay.py"))))
         time.sleep(0.2)
 
 

@@ -302,6 +302,30 @@ describe.each(['bash', 'dash'])('the prelude run by %s as the job user', (shell)
     expect(gone(dir)).toBe(true);
   }, 60_000);
 
+  it('says the fleet has not reached the job when no relay came, and its boot holds the address meanwhile', async () => {
+    const uid = newUid('no-fleet');
+    const address = bindAddress(uid);
+    const script = await start(
+      shell,
+      prelude('redis:6379', { WaitForForwards: 1000 }) + STATE_SNIPPET,
+      {
+        SLURM_JOB_NAME: uid,
+      },
+      { deliver: false },
+    );
+    const state = await script.state();
+    expect(state.addr).toBe(address);
+    expect(script.stderr).toMatch(
+      /missing ports: 6379; starting the workload anyway .*; the fleet has not reached this job yet/,
+    );
+    // Held (nobody else can take it) and closed at once: the workload sees no forward yet.
+    const answer = await script.inJob(
+      `/usr/bin/python3 -c 'import socket,sys; s=socket.create_connection((sys.argv[1], 6379)); print(repr(s.recv(8)))' ${address} 2>&1`,
+    );
+    expect(answer.trim()).toBe("b''");
+    expect((await script.finish()).code).toBe(0);
+  }, 60_000);
+
   it('goes on as soon as every socket is there, and keeps the exit status', async () => {
     const uid = newUid('early');
     const dir = socketDir('/tmp', uid);
