@@ -71,7 +71,8 @@ def prepare(o):
     for name in os.listdir(d) if reused else []:  # left by a run killed before its trap: lead nowhere
         if name.endswith(".sock"):
             os.unlink(d + "/" + name)
-    os.mkfifo(d + "/relay.fifo") if not os.path.exists(d + "/relay.fifo") else None
+    if not os.path.exists(d + "/relay.fifo"):  # the shell reads the ready line from it
+        os.mkfifo(d + "/relay.fifo")
     files = {"job-shell.pid": o["--shell"] + "\n", "hosts": open("/etc/hosts").read() if os.path.isfile("/etc/hosts") else ""}
     if "B" in globals():  # ps shows the serve step as relay-boot.py, not as this text
         files["relay-boot.py"] = B.decode()
