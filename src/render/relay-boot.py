@@ -192,7 +192,7 @@ def serve(o):
             except OSError as e:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
                 log("cannot start the relay %s: %s" % (relay, e))
-        for s in select.select([s for s, _ in held], [], [], 0.05)[0]:  # no relay yet: as if no forward
+        for s in select.select([s for s, _ in held], [], [], 0.2)[0]:  # no relay yet: as if no forward
             s.accept()[0].close()
 
 
