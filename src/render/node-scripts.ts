@@ -30,7 +30,7 @@ export function renderPrepareSockets(socketDir: string, socketPaths: readonly st
  * `relay_alive`: whether a process of the relay's pids file answers `kill -0` (the user's own processes).
  * Without the file it answers `withoutFile`: the watch takes a prelude too old to write one for alive.
  */
-function relayAliveFunction(pids: string, withoutFile: 'alive' | 'dead'): string[] {
+export function relayAliveFunction(pids: string, withoutFile: 'alive' | 'dead'): string[] {
   return [
     'relay_alive() {',
     ...(withoutFile === 'alive' ? [`  [ -f ${pids} ] || return 0`] : []),

@@ -1,6 +1,12 @@
 import { withSlots } from '../spec/derivations.js';
 import { hostNameGroups, namesByGroup } from './hosts-file.js';
-import { PREPARE_DIR_MISSING, PREPARE_DIR_UNSAFE, RELAY_READY_FILE } from './node-scripts.js';
+import {
+  PREPARE_DIR_MISSING,
+  PREPARE_DIR_UNSAFE,
+  RELAY_PIDS_FILE,
+  RELAY_READY_FILE,
+  relayAliveFunction,
+} from './node-scripts.js';
 import { RELAY_HANDOFF } from './relay-source.js';
 import { shellQuote } from './shell-quote.js';
 
@@ -49,13 +55,7 @@ export function renderDeliverRelay(delivery: RelayDelivery): string {
     `if [ ! -d ${d} ]; then exit ${PREPARE_DIR_MISSING}; fi`,
     `if [ -L ${d} ] || [ ! -O ${d} ]; then echo 'socket dir is not owned by this user' >&2; exit ${PREPARE_DIR_UNSAFE}; fi`,
     // The job's own processes (kill -0 works on the user's): a job being cancelled need not be waited for.
-    'alive() {',
-    `  for p in $(cat ${d}/relay.pids 2>/dev/null); do`,
-    '    case $p in *[!0-9]*) continue ;; esac',
-    '    if kill -0 "$p" 2>/dev/null; then return 0; fi',
-    '  done',
-    '  return 1',
-    '}',
+    ...relayAliveFunction(shellQuote(`${delivery.socketDir}/${RELAY_PIDS_FILE}`), 'dead'),
     'n=0',
     `until [ -f ${d}/relay.want ]; do`,
     `  if [ ! -d ${d} ]; then exit ${PREPARE_DIR_MISSING}; fi`,
@@ -91,7 +91,7 @@ export function renderDeliverRelay(delivery: RelayDelivery): string {
     'n=0',
     `until grep -q '^isolation ' ${ready}; do`,
     `  if [ ! -d ${d} ]; then exit ${PREPARE_DIR_MISSING}; fi`,
-    `  if ! alive; then echo ${DELIVERY.gone}; exit 0; fi`,
+    `  if ! relay_alive; then echo ${DELIVERY.gone}; exit 0; fi`,
     `  n=$((n + 1)); if [ "$n" -gt 200 ]; then echo ${DELIVERY.silent}; exit 0; fi`,
     '  sleep 0.05 2>/dev/null || sleep 1',
     'done',
