@@ -166,7 +166,8 @@ function cleanupTrap(): string[] {
     '  fi',
     '  if [ -n "$bh_dir" ] && [ -d "$bh_dir" ] && [ ! -L "$bh_dir" ] && [ -O "$bh_dir" ]; then',
     // The relay's relaying process, finding its holder gone (a TERM storm can kill the holder before
-    // it stops its child), writes relay.pids once: an rm that raced with that write is run again.
+    // it stops its child), writes relay.pids once: an rm that raced with that write is run again, with
+    // its error in the job's output.
     '    rm -rf -- "$bh_dir" 2>/dev/null || { sleep 1; rm -rf -- "$bh_dir"; }',
     '  fi',
     '}',

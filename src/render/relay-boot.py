@@ -5,7 +5,7 @@
 # serve --uid=U --socket-dir=D --forward='[G:]PORT[=SOCKET] ...' [--bind=A]... [--job-only] [--foreground]:
 #   binds each address group, prints 'ready <addresses>' (also to descriptor 3, then closed, unless
 #   --foreground), then holds the listeners, closing what connects, until the fleet delivers
-#   D/relay.py (D/relay.want names the hand-off), and execs it on them.
+#   D/relay.py (D/relay.want names the hand-off) and sends SIGUSR1, and execs it on them.
 # wait --socket-dir=D --forward=... --limit=S: until every forward's socket is there, at most S s.
 # Exit 0 when done (serve: the job ended first), 1 on failure, 2 on bad arguments.
 import errno, hashlib, os, random, select, signal, socket, stat, string, sys, time
@@ -173,6 +173,10 @@ def serve(o):
             ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
         except Exception as e:
             log("cannot make the relay non-dumpable: %s" % e)
+    wake = os.pipe()  # the delivery's SIGUSR1 (to the pid in relay.pids) ends the select: set before that
+    os.set_blocking(wake[1], False)
+    signal.set_wakeup_fd(wake[1])
+    signal.signal(signal.SIGUSR1, lambda *a: None)
     for name, text in (("relay.pids", str(os.getpid())), ("relay.want", HANDOFF)):
         with open(d + "/" + name + ".tmp", "w") as out:
             out.write(text + "\n")
@@ -186,14 +190,15 @@ def serve(o):
             for s, path in held:
                 os.set_inheritable(s.fileno(), True)
                 argv.append("--listen=%d:%s" % (s.fileno(), path))
-            signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # until the relay has its handlers
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOPS | {signal.SIGUSR1})  # until the relay has its handlers
             try:
                 os.execv(argv[0], argv)
             except OSError as e:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS | {signal.SIGUSR1})
                 log("cannot start the relay %s: %s" % (relay, e))
-        for s in select.select([s for s, _ in held], [], [], 0.2)[0]:  # no relay yet: as if no forward
-            s.accept()[0].close()
+        # Closing what connects (no relay yet: as if no forward); a look every 5 s should the signal not come.
+        for s in select.select([s for s, _ in held] + [wake[0]], [], [], 5)[0]:
+            os.read(s, 64) if s == wake[0] else s.accept()[0].close()
 
 
 def wait(o):

@@ -87,6 +87,13 @@ export function renderDeliverRelay(delivery: RelayDelivery): string {
     delivery.relay.replace(/\n$/, ''),
     HEREDOC_END,
     `  mv -f ${d}/relay.py.new ${d}/relay.py`,
+    // The boot looks every second; the signal wakes it at once. Only a live boot of this dir gets it (a
+    // pid reused by another process of the user must not: SIGUSR1 ends most programs).
+    `  p=$(cat ${d}/${RELAY_PIDS_FILE} 2>/dev/null) || p=`,
+    '  case $p in',
+    "    '' | *[!0-9]*) ;;",
+    `    *) if grep -qaF -- ${shellQuote(`${delivery.socketDir}/relay-boot.py`)} "/proc/$p/cmdline" 2>/dev/null; then kill -USR1 "$p" 2>/dev/null || :; fi ;;`,
+    '  esac',
     'fi',
     'n=0',
     `until grep -q '^isolation ' ${ready}; do`,

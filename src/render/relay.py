@@ -927,8 +927,10 @@ def serve(args):
     try:
         for signum in STOP_SIGNALS:
             signal.signal(signum, _on_signal)
-        # The boot blocked them across the exec: one that came meanwhile lands here, handled.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        # The boot blocked them across the exec: one that came meanwhile lands here, handled. SIGUSR1
+        # woke the boot (a delivery); one sent again to this pid (a second session's) means nothing.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS + (signal.SIGUSR1,))
         if args.job_only:
             _scope["job"] = JobScope(job_shell, os.environ.get("SLURM_JOB_ID", ""), my_uid)
             # Another process of the user may not read this one's memory or descriptors, nor trace it.

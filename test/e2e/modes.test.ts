@@ -1,4 +1,4 @@
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { chmod, mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -82,7 +82,9 @@ describe.each(DEMO_MODES)('end to end, %s carrier, fleet in separate processes',
     expect(failed(await settle(() => tunnelLeftovers(scope(pod, job)), 15_000))).toEqual([]);
     await scancel(job.jobId);
     await waitForJobEnd(job.jobId, 30_000);
-    expect(failed(await settle(() => jobLeftovers(scope(pod, job)), 15_000))).toEqual([]);
+    const left = failed(await settle(() => jobLeftovers(scope(pod, job)), 15_000));
+    const output = left.length > 0 ? await readFile(job.output, 'utf8').catch((e: Error) => e.message) : '';
+    expect(left, `the job's output:\n${output}`).toEqual([]);
     const keys = await redis.redis.keys(`*${pod.uid}*`);
     expect(keys.filter((k) => k.startsWith('bh:'))).toEqual([`bh:hist:${pod.uid}`]);
     expect(await redis.redis.ttl(`bh:hist:${pod.uid}`)).toBeGreaterThan(0);

@@ -1,6 +1,6 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { openSync } from 'node:fs';
-import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { appendFile, copyFile, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -52,10 +52,12 @@ function deliver(dir: string): Promise<{ code: number; stdout: string; stderr: s
 async function startBoot(dir: string, ports: [number, number]): Promise<ChildProcess> {
   const a = `127.77.${count % 250}.1`;
   const b = `127.77.${count % 250}.2`;
+  // From the socket dir, as the prelude runs it: the delivery signals only a boot of this dir.
+  await copyFile(BOOT, join(dir, 'relay-boot.py'));
   const child = spawn(
     'python3',
     [
-      BOOT,
+      join(dir, 'relay-boot.py'),
       'serve',
       '--uid=pod-1',
       `--socket-dir=${dir}`,
@@ -113,6 +115,45 @@ describe('delivering the relay into a job', () => {
     const again = await deliver(dir);
     expect(parseDelivery(again.stdout)?.outcome, again.stdout).toBe('delivered');
     expect((await stat(join(dir, 'relay.py'))).mtimeMs).toBe(relayMtime);
+  });
+
+  it('wakes the boot at once (it looks by itself only every 5 s); the relay it became ignores the signal', async () => {
+    const dir = await socketDir();
+    const boot = await startBoot(dir, [await freePort(), await freePort()]);
+    // The boot is in its first 5-second wait now: without the signal it would exec the relay after it.
+    const started = Date.now();
+    const ran = await deliver(dir);
+    const took = Date.now() - started;
+    expect(parseDelivery(ran.stdout)?.outcome, ran.stdout + ran.stderr).toBe('delivered');
+    expect(took, `the delivery took ${took} ms`).toBeLessThan(2_500);
+    // A second session's delivery finds the relay running and sends nothing; a stray SIGUSR1 (the
+    // signal of a delivery that raced with the exec) must not end it.
+    process.kill(boot.pid as number, 'SIGUSR1');
+    await new Promise((r) => setTimeout(r, 300));
+    expect(boot.exitCode, 'the relay ended on SIGUSR1').toBeNull();
+    expect(boot.signalCode).toBeNull();
+  });
+
+  it('signals only a boot of this socket dir: a pid in relay.pids that is now another process is left alone', async () => {
+    const dir = await socketDir();
+    // What a boot that died leaves, its pid since taken by another program of the user (here: sleep,
+    // which SIGUSR1 would end).
+    const other = spawn('sleep', ['30'], { stdio: 'ignore' });
+    children.push(other);
+    await writeFile(join(dir, 'relay-boot.py'), '');
+    await writeFile(join(dir, 'relay.ready'), 'ready 127.77.0.9 127.77.0.10\n');
+    await writeFile(join(dir, 'relay.pids'), `${other.pid}\n`);
+    await writeFile(join(dir, 'relay.want'), 'handoff 1\n');
+    const ran = deliver(dir);
+    const deadline = Date.now() + 10_000;
+    while (!(await stat(join(dir, 'relay.py')).catch(() => undefined)) && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    await new Promise((r) => setTimeout(r, 300));
+    await appendFile(join(dir, 'relay.ready'), 'isolation relay=user sockets=user via=none\n');
+    expect(parseDelivery((await ran).stdout)?.outcome).toBe('delivered');
+    expect(other.exitCode, 'sleep ended').toBeNull();
+    expect(other.signalCode, 'sleep was signalled').toBeNull();
   });
 
   it('leaves a prelude of before the boot alone: it carries its own relay and hosts file', async () => {

@@ -824,9 +824,11 @@ describe('relay.py serve', () => {
     });
     expect(squatted).toBe('EADDRINUSE');
 
-    // The fleet delivers the relay (written whole, then renamed into place, as the delivery script does).
+    // The fleet delivers the relay (written whole, then renamed into place, and the boot woken, as the
+    // delivery script does).
     await copyFile(RELAY_SOURCE, path.join(dir, 'relay.py.new'));
     await rename(path.join(dir, 'relay.py.new'), path.join(dir, 'relay.py'));
+    process.kill(boot.child.pid as number, 'SIGUSR1');
     await waitFor(() => boot.stdout().includes('\nisolation '), 5_000, 'the relay to run');
     const relayed = await exchange(address, port, 'through the relay');
     expect(relayed.data.toString()).toBe('through the relay');

@@ -1,4 +1,4 @@
-import { stat } from 'node:fs/promises';
+import { readdir, stat } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { FleetDeps } from '../../src/pods/fleet-deps.js';
 import type { LoopbackSite } from '../sandbox/loopback-site.js';
@@ -23,6 +23,18 @@ export interface LeftoverScope {
   user: TestUser;
   pod: DemoPod;
   jobId: string;
+}
+
+/** What a dir left behind holds: what was written last says who wrote after the trap. */
+async function listing(dir: string): Promise<string> {
+  const names = await readdir(dir).catch((e: NodeJS.ErrnoException) => [`(unreadable: ${e.code})`]);
+  const rows = await Promise.all(
+    names.map(async (name) => {
+      const s = await stat(`${dir}/${name}`).catch(() => null);
+      return s ? `${name} (${s.size} B, ${new Date(s.mtimeMs).toISOString().slice(11, 23)})` : name;
+    }),
+  );
+  return rows.length > 0 ? rows.join(', ') : 'nothing';
 }
 
 async function exists(path: string): Promise<boolean> {
@@ -126,7 +138,7 @@ export async function jobLeftovers(scope: LeftoverScope): Promise<Check[]> {
   const steps = await stepsOf(scope.jobId);
   return [
     { what: `job ${scope.jobId} has ended (${state})`, problems: TERMINAL_STATES.has(state) ? [] : [state] },
-    { what: `no socket dir (${dir})`, problems: (await exists(dir)) ? [dir] : [] },
+    { what: `no socket dir (${dir})`, problems: (await exists(dir)) ? [`${dir} holds ${await listing(dir)}`] : [] },
     { what: 'no relay or other process of the job', problems: relay },
     { what: `no Slurm step of job ${scope.jobId}`, problems: steps },
     carrierProcesses(scope),
