@@ -12,11 +12,11 @@ export const say = (line: string): void => {
 
 // ------------------------------------------------------------------------------------------ cleanup
 
-const cleanups: { what: string; fn: () => Promise<unknown> | unknown }[] = [];
+const cleanups: { what: string; fn: () => Promise<unknown> | unknown; timeoutMs: number }[] = [];
 
 /** Registers a cleanup step; steps run last-registered first. Returns a function that runs it now. */
-export function onCleanup(what: string, fn: () => Promise<unknown> | unknown): () => Promise<void> {
-  const step = { what, fn };
+export function onCleanup(what: string, fn: () => Promise<unknown> | unknown, timeoutMs = 60_000): () => Promise<void> {
+  const step = { what, fn, timeoutMs };
   cleanups.push(step);
   return async () => {
     const at = cleanups.indexOf(step);
@@ -26,9 +26,9 @@ export function onCleanup(what: string, fn: () => Promise<unknown> | unknown): (
   };
 }
 
-async function runStep(step: { what: string; fn: () => Promise<unknown> | unknown }): Promise<void> {
+async function runStep(step: { what: string; fn: () => Promise<unknown> | unknown; timeoutMs: number }): Promise<void> {
   try {
-    await withTimeout(Promise.resolve(step.fn()), 60_000, `cleanup: ${step.what}`);
+    await withTimeout(Promise.resolve(step.fn()), step.timeoutMs, `cleanup: ${step.what}`);
   } catch (err) {
     say(`cleanup of ${step.what} failed: ${(err as Error).message}`);
   }

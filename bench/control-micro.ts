@@ -7,7 +7,8 @@
  *   store     SnapshotStore.applyWithRetry with a fixed write (one HGETALL + one EVALSHA per call), one at a
  *             time (latency) and 32 at a time (throughput); then applyPodEvent (machine + store) for whole
  *             pod lifecycles without any queue, with and without runEffects (the step/deadline jobs);
- *   bullmq    jobs added (with sendEvent's options) and processed by a no-op Worker (concurrency 32);
+ *   events    events sent (sendEvent: one XADD) and read by an EventConsumer with a no-op handler (concurrency 32),
+ *             beside bare BullMQ jobs with the options events had as jobs, added and processed by a no-op Worker;
  *   batching  k events of one pod applied with one load and one compare-and-set instead of k (experiment).
  */
 
@@ -25,12 +26,15 @@ import {
   restorePod,
   startPod,
 } from '../src/machines/pod-machine.js';
+import { EventStream } from '../src/pods/event-stream.js';
 import { type FleetDeps, fleetDeps, podLimits } from '../src/pods/fleet-deps.js';
-import { QUEUE_NAMES, sendEvent } from '../src/pods/queues.js';
+import { sendEvent } from '../src/pods/queues.js';
 import { parseSiteConfig } from '../src/spec/site-config.js';
+import { RedisKeys } from '../src/store/keys.js';
 import { createRedis } from '../src/store/redis.js';
 import { preloadScripts } from '../src/store/scripts.js';
 import { runEffects } from '../src/workers/effects.js';
+import { EventConsumer } from '../src/workers/event-consumer.js';
 import { applyPodEvent } from '../src/workers/pod-events.js';
 import { eventsUpTo } from '../test/fixtures/control-only.js';
 import { NO_CLUSTER_CHECKS } from '../tools/sandbox/loopback-site.js';
@@ -282,18 +286,30 @@ export interface BullFigures {
   process: Rate;
 }
 
-/** Bare BullMQ in this process: jobs with sendEvent's options, and a no-op Worker with concurrency 32. */
+/** The BullMQ job options events had before they went through a stream (the baseline). */
+const EVENT_JOB_OPTIONS = {
+  removeOnComplete: true,
+  attempts: 10,
+  backoff: { type: 'exponential', delay: 200 },
+} as const;
+
+/**
+ * Bare BullMQ in this process, as events were sent before the stream: jobs with those options, and a
+ * no-op Worker with concurrency 32. The baseline of benchEventStream.
+ */
 export async function benchBullmq(url: string, jobs: number): Promise<BullFigures> {
   const redis = createRedis(url, { connectionName: 'bench-micro-bull' });
   const workerConn = createRedis(url, { connectionName: 'bench-micro-bull-worker' });
-  const queue = new Queue(QUEUE_NAMES.events, { connection: redis });
+  const name = 'bench-events';
+  const queue = new Queue(name, { connection: redis });
   try {
     await redis.flushdb();
     const at = Date.now();
     const items = Array.from({ length: jobs }, (_, i) => i);
     const add = await rate(jobs, () =>
       pool(items, 32, async (i) => {
-        await sendEvent({ events: queue } as never, `u-${i}`, { type: 'CARRIER_OPEN', generation: 1, at });
+        const event = { type: 'CARRIER_OPEN', generation: 1, at };
+        await queue.add(event.type, { uid: `u-${i}`, event }, EVENT_JOB_OPTIONS);
       }),
     );
     let done = 0;
@@ -302,7 +318,7 @@ export async function benchBullmq(url: string, jobs: number): Promise<BullFigure
       finished = resolve;
     });
     const worker = new Worker(
-      QUEUE_NAMES.events,
+      name,
       async () => {
         done += 1;
         if (done === jobs) finished();
@@ -322,6 +338,47 @@ export async function benchBullmq(url: string, jobs: number): Promise<BullFigure
     await redis.flushdb().catch(() => undefined);
     redis.disconnect();
     workerConn.disconnect();
+  }
+}
+
+/** The events stream in this process: sendEvent 32 at a time, and an EventConsumer (concurrency 32) with a no-op handler. */
+export async function benchEventStream(url: string, events: number): Promise<BullFigures> {
+  const redis = createRedis(url, { connectionName: 'bench-micro-stream' });
+  const stream = new EventStream(redis, new RedisKeys('bench-stream:'));
+  try {
+    await redis.flushdb();
+    await stream.ensureGroup();
+    const at = Date.now();
+    const items = Array.from({ length: events }, (_, i) => i);
+    const add = await rate(events, () =>
+      pool(items, 32, async (i) => {
+        await sendEvent({ events: stream }, `u-${i}`, { type: 'CARRIER_OPEN', generation: 1, at });
+      }),
+    );
+    let done = 0;
+    let finished: () => void = () => undefined;
+    const allDone = new Promise<void>((resolve) => {
+      finished = resolve;
+    });
+    const consumer = new EventConsumer(
+      stream,
+      redis,
+      async () => {
+        done += 1;
+        if (done === events) finished();
+      },
+      silentLogger(),
+      { concurrency: 32 },
+    );
+    const processRate = await rate(events, async () => {
+      consumer.start();
+      await allDone;
+    });
+    await consumer.close();
+    return { add, process: processRate };
+  } finally {
+    await redis.flushdb().catch(() => undefined);
+    redis.disconnect();
   }
 }
 

@@ -39,6 +39,7 @@ import { dialRulesOf } from '../src/ssh/endpoint-dial.js';
 import type { ShadowEnd, ShadowPhase } from '../src/ssh/shadow-session.js';
 import { ShadowSession } from '../src/ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
+import { RedisKeys } from '../src/store/keys.js';
 import { createRedis } from '../src/store/redis.js';
 import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS, startLoopbackSite } from '../test/fixtures/loopback-site.js';
 import { echoServer, jobScript, planFor } from '../test/fixtures/shadow-harness.js';
@@ -329,7 +330,7 @@ if (MODE === 'raw') {
     });
   } else {
     sessionHosts.push(startSessionHost('a', configPath));
-    queues = openQueues(redis);
+    queues = openQueues(redis, new RedisKeys());
     onCleanup('queues', () => queues.close());
     await sleep(3_000);
   }

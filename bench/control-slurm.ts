@@ -24,6 +24,11 @@ export function runPrefix(): string {
  * for them to end, and removes socket dirs their preludes left: a batch script killed before its EXIT
  * trap ran (scancel's KillWait is 5 s, and a loaded machine misses it) keeps its dir.
  */
+/** How long cancelRun may take: 1,010 jobs cancelled at once took this machine's Slurm over a minute to end. */
+export function cancelRunMs(count: number): number {
+  return 90_000 + count * 100;
+}
+
 export async function cancelRun(run: string, user: string, socketRoot: string, count: number): Promise<void> {
   const prefix = `${run}-0000-4000-8000-`;
   const ours = async () => {
@@ -34,7 +39,7 @@ export async function cancelRun(run: string, user: string, socketRoot: string, c
       .filter(([id, name]) => id && name?.startsWith(prefix))
       .map(([id]) => id as string);
   };
-  const deadline = Date.now() + 60_000;
+  const deadline = Date.now() + cancelRunMs(count) - 30_000;
   for (let ids = await ours(); ids.length > 0 && Date.now() < deadline; ids = await ours()) {
     for (let i = 0; i < ids.length; i += 200) await scancel(ids.slice(i, i + 200)).catch(() => undefined);
     await sleep(2_000);

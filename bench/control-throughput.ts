@@ -1,16 +1,18 @@
 /**
  * End-to-end transitions per second of the control plane (ARCHITECTURE.md §7), driven the way the cluster drives it:
  *
- *   bench (pod watcher)   POD_UPSERT ×N ─────────────► bh-events ─► control worker process(es)
+ *   bench (pod watcher)   POD_UPSERT ×N ─────────────► bh:events ─► control worker process(es)
  *                                                                   validate, render, launch steps (bh-steps)
  *   bench (session host)  ◄── session job (bh-sessions) queued by the launch step
  *                         SHADOW_UP → BATCH_HOST → CARRIER_OPEN → FORWARDS_READY, each sent when the one
- *                         before is stored (closed loop per pod, all pods at once), then completes the
+ *                         before is stored (closed loop per pod, all pods at once: the bench hears of each
+ *                         stored transition from Redis's keyspace notification of the pod's history
+ *                         stream, which costs no command), then completes the
  *                         session job and sends TEARDOWN ─► teardown step ─► done (record forgotten).
  *
  * No SSH, no Slurm: the bench plays the session host (it takes the session job and the lease, as a real
- * one does, so the reaper sees a live shadow), so what is measured is the control path only: BullMQ
- * jobs, the load → transition → compare-and-set loop, the effects (step jobs, deadline jobs).
+ * one does, so the reaper sees a live shadow), so what is measured is the control path only: the events
+ * stream, the load → transition → compare-and-set loop, the effects (step and session jobs).
  *
  * Each pod stores 9 transitions: (new)→validating, →rendering, →launchingShadow, →waitingBatchHost,
  * →openingCarrier, →establishingForwards, →active, →tearingDown, →done. They are counted from the
@@ -20,7 +22,7 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { type Job, QueueEvents, Worker } from 'bullmq';
+import { QueueEvents, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { PodEvent } from '../src/machines/pod-machine.js';
 import { openQueues, QUEUE_NAMES, type SessionJobData, sendEvent } from '../src/pods/queues.js';
@@ -147,16 +149,23 @@ export interface ThroughputResult {
   expected: number;
   seconds: number;
   perSecond: number;
-  /** Completed jobs of bh-events: applied (stored a transition) and ignored. */
-  eventJobs: { applied: number; ignored: number; failed: number; reaper: number };
+  /**
+   * Events through the stream (XINFO's entries-added): all, those that stored no transition (sent minus
+   * the transitions not made inline: validate and render are), and those buried.
+   */
+  events: { sent: number; ignored: number; dead: number };
   stepJobs: { completed: number; failed: number };
   /** CPU seconds during the run. */
   cpu: { workers: number[]; bench: number; redis: number; machineBusy: number; wall: number };
   /** Redis commands per stored transition (server-wide counts, other clients' rate before the run subtracted). */
   commandsPerTransition: Map<string, number>;
   extraEvents: Map<string, number>;
-  /** Ignored events by type ("ignored STEP_DONE" …). */
-  ignoredKinds: Map<string, number>;
+}
+
+async function entriesAdded(redis: Redis, key: string): Promise<number> {
+  const info = (await redis.xinfo('STREAM', key).catch(() => [])) as unknown[];
+  const i = info.indexOf('entries-added');
+  return i >= 0 ? Number(info[i + 1]) : 0;
 }
 
 function uidOf(run: number, i: number): string {
@@ -184,65 +193,61 @@ export async function driveOnce(opts: {
   const { url, pods } = opts;
   const keys = new RedisKeys();
   const redis = createRedis(url, { connectionName: 'bench-driver' });
-  const qeConn = createRedis(url, { connectionName: 'bench-queue-events' });
   const qeStepsConn = createRedis(url, { connectionName: 'bench-queue-events-steps' });
   const hostConn = createRedis(url, { connectionName: 'bench-session-host' });
-  const queues = openQueues(redis);
+  const subscriber = createRedis(url, { connectionName: 'bench-history-notifications' });
+  const queues = openQueues(redis, keys);
   const leases = new LeaseStore(redis, { keys });
   let host: Worker<SessionJobData> | undefined;
-  // Completions of bh-events jobs: the closed loop waits on the ones it added.
-  const events = new QueueEvents(QUEUE_NAMES.events, { connection: qeConn });
   const stepEvents = new QueueEvents(QUEUE_NAMES.steps, { connection: qeStepsConn });
+  const notifyBefore = ((await redis.config('GET', 'notify-keyspace-events')) as string[])[1] ?? '';
   const closeAll = onCleanup(`driver run ${opts.run}`, async () => {
-    await Promise.allSettled([host?.close(true), events.close(), stepEvents.close(), queues.close()]);
-    for (const c of [redis, qeConn, qeStepsConn, hostConn]) c.disconnect();
+    await Promise.allSettled([host?.close(true), stepEvents.close(), queues.close()]);
+    await redis.config('SET', 'notify-keyspace-events', notifyBefore).catch(() => undefined);
+    for (const c of [redis, qeStepsConn, hostConn, subscriber]) c.disconnect();
   });
 
-  const waiters = new Map<string, (outcome: string) => void>();
-  const early = new Map<string, string>();
-  const eventJobs = { applied: 0, ignored: 0, failed: 0, reaper: 0 };
-  const ignoredKinds = new Map<string, number>();
+  // Every stored transition appends to the pod's history stream: its keyspace notification tells the
+  // closed loop, without a command of its own.
+  await redis.config('SET', 'notify-keyspace-events', 'Kt');
+  const stored = new Map<string, number>();
+  const waiters = new Map<string, { above: number; resolve: (outcome: string) => void }>();
+  const histPrefix = keys.history('');
+  subscriber.on('pmessage', (_pattern: string, channel: string, op: string) => {
+    if (op !== 'xadd') return;
+    const uid = channel.slice(channel.indexOf(histPrefix) + histPrefix.length);
+    const n = (stored.get(uid) ?? 0) + 1;
+    stored.set(uid, n);
+    const waiter = waiters.get(uid);
+    if (waiter && n > waiter.above) {
+      waiters.delete(uid);
+      waiter.resolve('→');
+    }
+  });
+  await subscriber.psubscribe(`__keyspace@${redis.options.db ?? 0}__:${histPrefix}*`);
   const stepJobs = { completed: 0, failed: 0 };
-  const settle = (jobId: string, outcome: string) => {
-    const waiter = waiters.get(jobId);
-    if (waiter) {
-      waiters.delete(jobId);
-      waiter(outcome);
-    } else early.set(jobId, outcome);
-  };
-  events.on('completed', ({ jobId, returnvalue }) => {
-    const rv = String(returnvalue);
-    if (rv.startsWith('ignored')) {
-      eventJobs.ignored += 1;
-      const kind = rv.replace(/ in \S+$/, '');
-      ignoredKinds.set(kind, (ignoredKinds.get(kind) ?? 0) + 1);
-    } else if (rv.startsWith('reaped')) eventJobs.reaper += 1;
-    else eventJobs.applied += 1;
-    settle(jobId, rv);
-  });
-  events.on('failed', ({ jobId, failedReason }) => {
-    eventJobs.failed += 1;
-    settle(jobId, `failed: ${failedReason}`);
-  });
   stepEvents.on('completed', () => {
     stepJobs.completed += 1;
   });
   stepEvents.on('failed', () => {
     stepJobs.failed += 1;
   });
-  await Promise.all([events.waitUntilReady(), stepEvents.waitUntilReady()]);
+  await stepEvents.waitUntilReady();
   // QueueEvents reads from '$': give its first XREAD a moment to be in place.
   await sleep(200);
 
+  /** Sends EVENT and resolves once it stored a transition ('→'), or after 60 s without one. */
   const applied = async (uid: string, event: PodEvent): Promise<string> => {
-    const job = (await sendEvent(queues, uid, event)) as Job;
-    const id = String(job.id);
-    const seen = early.get(id);
-    if (seen !== undefined) {
-      early.delete(id);
-      return seen;
-    }
-    return new Promise((resolve) => waiters.set(id, resolve));
+    const above = stored.get(uid) ?? 0;
+    const outcome = new Promise<string>((resolve) => {
+      waiters.set(uid, { above, resolve });
+      setTimeout(() => {
+        if (waiters.get(uid)?.resolve === resolve) waiters.delete(uid);
+        resolve('no transition in 60 s');
+      }, 60_000).unref();
+    });
+    await sendEvent(queues, uid, event);
+    return outcome;
   };
 
   // The session host: one shadow per session job, reports in order, each once the one before is stored.
@@ -298,6 +303,7 @@ export async function driveOnce(opts: {
     redis: await redisCpuSeconds(redis),
     machine: machineCpu(),
   };
+  const sent0 = await entriesAdded(redis, keys.events());
   const t0 = redisTimeMs((await redis.time()) as unknown as [string, string]);
   const wall0 = performance.now();
 
@@ -337,6 +343,8 @@ export async function driveOnce(opts: {
     machine: machineCpu(),
   };
   const calls1 = await commandCalls(redis);
+  const sent = (await entriesAdded(redis, keys.events())) - sent0;
+  const dead = await redis.xlen(keys.deadEvents());
 
   // Count and time the stored transitions from the history streams.
   const pipe = redis.pipeline();
@@ -383,7 +391,8 @@ export async function driveOnce(opts: {
     expected: pods * TRANSITIONS_PER_POD,
     seconds,
     perSecond: transitions / seconds,
-    eventJobs,
+    // Validate's and render's STEP_DONE are applied inline: two transitions per pod without an event.
+    events: { sent, ignored: sent - (transitions - 2 * pods), dead },
     stepJobs,
     cpu: {
       workers: cpu1.workers.map((c, i) => c - (cpu0.workers[i] ?? 0)),
@@ -394,7 +403,6 @@ export async function driveOnce(opts: {
     },
     commandsPerTransition: perTransition,
     extraEvents: extra,
-    ignoredKinds,
   };
 }
 

@@ -41,7 +41,6 @@ const deps = fleetDeps(config, redis, log);
 await preloadScripts(redis);
 
 const control = new ControlWorker(deps, { events: redis, steps: redis }, { concurrency });
-await control.dropOldSchedule();
 log.info({ concurrency, argv: process.argv.slice(2) }, 'fleet started');
 
 await new Promise<void>((resolve) => {

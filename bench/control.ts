@@ -37,8 +37,8 @@ import { createRedis } from '../src/store/redis.js';
 import { JOB_USER } from '../test/fixtures/users.js';
 import { cleanupAll, fmt, machineCpu, median, onCleanup, say, sleep, spawnChild, table } from './control-common.js';
 import { summarizeProfile } from './control-cpuprofile.js';
-import { benchBatching, benchBullmq, benchMachine, benchStore } from './control-micro.js';
-import { cancelRun, runPrefix } from './control-slurm.js';
+import { benchBatching, benchBullmq, benchEventStream, benchMachine, benchStore } from './control-micro.js';
+import { cancelRun, cancelRunMs, runPrefix } from './control-slurm.js';
 import {
   driveOnce,
   startWorkers,
@@ -300,8 +300,8 @@ try {
     const r0 = runs[1][0];
     if (r0) {
       out(
-        `per stored transition (1 worker, run 1): ${fmt(r0.eventJobs.applied / r0.transitions, 2)} applied + ` +
-          `${fmt(r0.eventJobs.ignored / r0.transitions, 2)} ignored event jobs, ${fmt(r0.stepJobs.completed / r0.transitions, 2)} step jobs, ` +
+        `per stored transition (1 worker, run 1): ${fmt(r0.events.sent / r0.transitions, 2)} events ` +
+          `(${fmt(r0.events.ignored / r0.transitions, 2)} of them storing none, ${r0.events.dead} buried), ${fmt(r0.stepJobs.completed / r0.transitions, 2)} step jobs, ` +
           `${fmt(
             [...r0.commandsPerTransition.values()].reduce((a, b) => a + b, 0),
             0,
@@ -309,7 +309,6 @@ try {
       );
       const top = [...r0.commandsPerTransition.entries()].sort((a, b) => b[1] - a[1]).slice(0, 10);
       out(`  top commands per transition: ${top.map(([c, n]) => `${c} ${fmt(n, 1)}`).join(', ')}`);
-      out(`  ignored event jobs: ${[...r0.ignoredKinds.entries()].map(([k, n]) => `${k} ×${n}`).join(', ')}`);
     }
   }
 
@@ -366,6 +365,7 @@ try {
     await admin.flushdb();
     const store = await benchStore(URL_, PODS);
     const bull = await benchBullmq(URL_, 10_000);
+    const stream = await benchEventStream(URL_, 10_000);
     const batching = await benchBatching(URL_, PODS);
     results.micro = { machine, store, bull, batching };
     out('');
@@ -400,7 +400,9 @@ try {
           rateRow('applyWithRetry, fixed write, 32 at a time', store.casConcurrent),
           rateRow('applyPodEvent, whole lifecycles, 32 pods at a time', store.applyPodEvent),
           rateRow('  + runEffects (step and deadline jobs added)', store.applyPodEventWithEffects),
-          rateRow('BullMQ add (sendEvent options), 32 at a time', bull.add),
+          rateRow('sendEvent (one XADD), 32 at a time', stream.add),
+          rateRow('EventConsumer, no-op handler, concurrency 32', stream.process),
+          rateRow('BullMQ add (the job options events had), 32 at a time', bull.add),
           rateRow('BullMQ no-op Worker, concurrency 32', bull.process),
           rateRow(`${batching.k} reports of a pod: ${batching.k} CAS rounds (per report)`, batching.separate),
           rateRow(`${batching.k} reports of a pod: 1 CAS round (per report)`, batching.batched),
@@ -512,7 +514,11 @@ async function idleShadows(mode: string): Promise<unknown> {
   const jobsFile = join(workDir, `shadow-jobs-${mode}.txt`);
   const run = runPrefix();
   // Whatever happens to the child, its jobs (found by name) and their socket dirs go.
-  const cancelJobs = onCleanup(`shadow jobs (${mode})`, () => cancelRun(run, JOB_USER, '/tmp', SHADOWS + warm));
+  const cancelJobs = onCleanup(
+    `shadow jobs (${mode})`,
+    () => cancelRun(run, JOB_USER, '/tmp', SHADOWS + warm),
+    cancelRunMs(SHADOWS + warm),
+  );
   try {
     await quietGate();
     const child = spawnChild(

@@ -55,6 +55,17 @@ export interface PodDetail extends PodStatus {
   /** Effects of the last transition not run yet (the outbox), and since when (ms); null when none. */
   pendingEffects: { effects: unknown; since: number } | null;
   steps: { id: string; name: string; state: string; attempts: number; failedReason?: string }[];
+  /** Events of the pod that could not be applied (the dead letters), oldest first. */
+  deadEvents: { at: number; type: string; reason: string; delivery: number }[];
+}
+
+function eventType(text: string): string {
+  try {
+    const type = (JSON.parse(text) as { type?: unknown }).type;
+    return typeof type === 'string' ? type : '?';
+  } catch {
+    return '(not JSON)';
+  }
 }
 
 function statusOf(stored: StoredPod, history: HistoryRecord[]): PodStatus {
@@ -151,12 +162,19 @@ export async function podDetail(deps: PodReadDeps, uid: string): Promise<PodDeta
       state: await session.getState(),
       attempts: session.attemptsMade,
     });
+  const dead = await deps.queues.events.dead(uid);
   return {
     ...status,
     lease: lease ? { holder: lease.holder, generation: lease.generation, expiresAt: lease.expiresAt } : null,
     traffic,
     pendingEffects: stored.outbox === null ? null : { effects: stored.outbox, since: effectsSince ?? 0 },
     steps,
+    deadEvents: dead.map((d) => ({
+      at: Number(d.id.split('-')[0]),
+      type: eventType(d.event),
+      reason: d.reason,
+      delivery: d.delivery,
+    })),
   };
 }
 

@@ -71,6 +71,14 @@ export function formatDetail(p: PodDetail): string {
           (s) =>
             `  ${s.id}  ${s.state}${s.attempts ? ` (attempts ${s.attempts})` : ''}${s.failedReason ? `: ${s.failedReason}` : ''}`,
         )),
+    ...(p.deadEvents.length === 0
+      ? []
+      : [
+          'events not applied',
+          ...p.deadEvents.map(
+            (d) => `  ${new Date(d.at).toISOString()}  ${d.type.padEnd(16)} delivery ${d.delivery}: ${d.reason}`,
+          ),
+        ]),
     '',
     'timeline',
     ...p.history.map(

@@ -54,7 +54,7 @@ export const watchEventIds = {
  * Edge- and level-triggered: the informer's changes are turned into POD_UPSERT / POD_DELETED as they
  * come, and on start (once every stream has listed) and then every ResyncInterval, the pods seen are
  * compared with the machines stored in Redis. Nothing is sent twice: a pod whose relevant fields did not
- * change sends nothing (a memo, then the stored machine), and events carry BullMQ deduplication ids.
+ * change sends nothing (a memo, then the stored machine), and events are sent once per id while they wait (EventStream.sendOnce).
  */
 export class PodWatcher {
   private readonly core: CoreV1Api;
@@ -325,17 +325,7 @@ export class PodWatcher {
   }
 
   private async send(uid: string, event: PodEvent, dedupId: string): Promise<void> {
-    await this.deps.queues.events.add(
-      event.type,
-      { uid, event },
-      {
-        deduplication: { id: dedupId },
-        removeOnComplete: true,
-        removeOnFail: { age: 86_400 },
-        attempts: 10,
-        backoff: { type: 'exponential', delay: 200 },
-      },
-    );
+    await this.deps.queues.events.sendOnce(uid, event, dedupId);
   }
 
   // ---- level-triggered reconcile ----

@@ -54,7 +54,6 @@ export async function startFleet(
       { events: redis, steps: redis },
       opts.reaperEveryMs ? { convergence: { reapEveryMs: opts.reaperEveryMs } } : {},
     );
-    await control.dropOldSchedule();
   }
   let directory: ClusterDirectory | undefined;
   if (opts.roles.includes('session')) {

@@ -46,7 +46,7 @@ export function podReadDeps(redis: Redis, opts: FleetDepsOptions = {}): PodReadD
     keys,
     store: new SnapshotStore(redis, { keys }),
     leases: new LeaseStore(redis, { keys }),
-    queues: openQueues(redis, opts.bullPrefix, true),
+    queues: openQueues(redis, keys, opts.bullPrefix, true),
     now: opts.now ?? Date.now,
   };
 }
@@ -60,7 +60,7 @@ export function fleetDeps(config: SiteConfig, redis: Redis, log: Logger, opts: F
     store: new SnapshotStore(redis, { keys, onConflict: () => casConflicts.inc() }),
     leases: new LeaseStore(redis, { keys }),
     hosts: new HostRegistry(redis, { keys }),
-    queues: openQueues(redis, opts.bullPrefix),
+    queues: openQueues(redis, keys, opts.bullPrefix),
     bullPrefix: opts.bullPrefix,
     log,
     now: opts.now ?? Date.now,

@@ -2,15 +2,14 @@ import { Queue, type QueueOptions } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { PodEvent, StepName } from '../machines/pod-machine.js';
 import type { SessionPlan } from '../render/session-plan.js';
+import type { RedisKeys } from '../store/keys.js';
+import { EventStream } from './event-stream.js';
 
-/** ARCHITECTURE.md §3.8: the three queues of the fleet. */
-export const QUEUE_NAMES = { events: 'bh-events', steps: 'bh-steps', sessions: 'bh-sessions' } as const;
-
-/** An event for one pod's machine. */
-export interface EventJobData {
-  uid: string;
-  event: PodEvent;
-}
+/**
+ * The fleet's BullMQ queues (ARCHITECTURE.md, "Queues"): steps and shadows. The pods' events are not
+ * jobs: they go through one Redis stream (EventStream), at a fraction of a job's Redis commands.
+ */
+export const QUEUE_NAMES = { steps: 'bh-steps', sessions: 'bh-sessions' } as const;
 
 export interface StepJobData {
   uid: string;
@@ -41,7 +40,7 @@ export const jobIds = {
 export const KEEP_JOBS = { removeOnComplete: { age: 3_600, count: 10_000 }, removeOnFail: { age: 86_400 } } as const;
 
 export interface FleetQueues {
-  events: Queue<EventJobData>;
+  events: EventStream;
   steps: Queue<StepJobData>;
   sessions: Queue<SessionJobData>;
   close(): Promise<void>;
@@ -51,32 +50,28 @@ export interface FleetQueues {
  * The fleet's queues. `readOnly`: for commands that only look (status, list): BullMQ then writes none of
  * its metadata keys, so looking at a fleet leaves nothing in its Redis.
  */
-export function openQueues(connection: Redis, prefix?: string, readOnly = false): FleetQueues {
+export function openQueues(connection: Redis, keys: RedisKeys, prefix?: string, readOnly = false): FleetQueues {
   const opts: QueueOptions = {
     connection,
     ...(prefix ? { prefix } : {}),
     ...(readOnly ? { skipMetasUpdate: true } : {}),
   };
-  const events = new Queue<EventJobData>(QUEUE_NAMES.events, opts);
+  const events = new EventStream(connection, keys);
   const steps = new Queue<StepJobData>(QUEUE_NAMES.steps, opts);
   const sessions = new Queue<SessionJobData>(QUEUE_NAMES.sessions, opts);
   // Connection errors are retried by ioredis and surface in the calls that fail; don't print each one.
-  for (const queue of [events, steps, sessions]) queue.on('error', () => undefined);
+  for (const queue of [steps, sessions]) queue.on('error', () => undefined);
   return {
     events,
     steps,
     sessions,
     close: async () => {
-      await Promise.all([events.close(), steps.close(), sessions.close()]);
+      await Promise.all([steps.close(), sessions.close()]);
     },
   };
 }
 
 /** Sends one event to a pod's machine. */
 export function sendEvent(queues: Pick<FleetQueues, 'events'>, uid: string, event: PodEvent): Promise<unknown> {
-  return queues.events.add(
-    event.type,
-    { uid, event },
-    { ...KEEP_JOBS, removeOnComplete: true, attempts: 10, backoff: { type: 'exponential', delay: 200 } },
-  );
+  return queues.events.send(uid, event);
 }

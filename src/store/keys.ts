@@ -70,6 +70,21 @@ export class RedisKeys {
   traffic(uid: string): string {
     return `${this.prefix}traffic:${uid}`;
   }
+  /**
+   * Stream: events for the pods' machines (uid, event JSON), read by the control role's consumer group
+   * (EVENT_GROUP); entries every consumer has acknowledged are trimmed away.
+   */
+  events(): string {
+    return `${this.prefix}events`;
+  }
+  /** Stream, capped: events that could not be applied (bad, or failing MaxDeliveries times), with why. */
+  deadEvents(): string {
+    return `${this.prefix}events:dead`;
+  }
+  /** String: an event sent once while it waits (the watch's resends), removed when it is applied. */
+  eventOnce(id: string): string {
+    return `${this.prefix}events:once:${id}`;
+  }
   /** Hash: id, since, recoverUntil; never deleted, so a Redis that lost its data is told by its absence (RedisEpoch). */
   epoch(): string {
     return `${this.prefix}epoch`;

@@ -27,6 +27,8 @@ export const SCRIPT_NAMES = [
   'host-heartbeat',
   'host-prune',
   'epoch-check',
+  'events-send-once',
+  'events-trim',
 ] as const;
 export type ScriptName = (typeof SCRIPT_NAMES)[number];
 

@@ -2,21 +2,23 @@ import { type Job, UnrecoverableError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { type PodAction, type PodEvent, PURE_STEPS, parsePodEvent, type StepName } from '../machines/pod-machine.js';
 import { countPodsWith, exhaustedSteps, ignoredEvents, steps, transitions } from '../metrics/fleet-metrics.js';
+import type { StreamedEvent } from '../pods/event-stream.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
-import { type EventJobData, QUEUE_NAMES, type StepJobData, sendEvent } from '../pods/queues.js';
+import { QUEUE_NAMES, type StepJobData, sendEvent } from '../pods/queues.js';
 import { Converger, type ConvergerOptions } from './converger.js';
 import { forgetPod, runEffects } from './effects.js';
+import { EventConsumer, type EventConsumerOptions, PermanentEventError } from './event-consumer.js';
 import { applyPodEvent } from './pod-events.js';
-import { REAPER_JOB, reap } from './reaper.js';
 import { pureStepResult, runStep } from './step-runner.js';
 
 /**
- * Jobs a control worker runs at once. Events are short Redis round trips: many in flight keep one
- * process busy while each waits (bench:control measured 128/64 ahead of 32/16 with one process).
+ * Events and step jobs a control worker runs at once. Events are short Redis round trips: many in
+ * flight keep one process busy while each waits (bench:control measured 128/64 ahead of 32/16 with one
+ * process).
  */
 export const CONTROL_CONCURRENCY = { events: 128, steps: 64 } as const;
 
-/** A killed control worker's job at hand is retried by another within about 15 s (BullMQ's default is 60 s). */
+/** A killed control worker's step at hand is retried by another within about 15 s (BullMQ's default is 60 s). */
 export const CONTROL_LOCKS = { lockDuration: 10_000, stalledInterval: 5_000, maxStalledCount: 10 } as const;
 
 export interface ControlWorkerOptions {
@@ -24,6 +26,8 @@ export interface ControlWorkerOptions {
   concurrency?: { events: number; steps: number };
   /** The convergence loop: deadlines, effects left behind, repairs (converger.ts). */
   convergence?: ConvergerOptions;
+  /** How events are read, taken over from dead consumers and buried (event-consumer.ts). */
+  events?: Partial<Omit<EventConsumerOptions, 'concurrency'>>;
 }
 
 type PureStepRequest = Extract<PodAction, { type: 'runStep' }> & { params: { step: StepName } };
@@ -31,10 +35,10 @@ type PureStepRequest = Extract<PodAction, { type: 'runStep' }> & { params: { ste
 /**
  * The control role: applies events to pods' machines (load → transition → compare-and-set → effects),
  * runs the steps those machines ask for, delivers their deadlines and runs effects a dead worker left.
- * Stopping finishes the job at hand (BullMQ's close waits).
+ * Stopping finishes the events and the step at hand.
  */
 export class ControlWorker {
-  readonly events: Worker<EventJobData>;
+  readonly events: EventConsumer;
   readonly steps: Worker<StepJobData>;
   readonly convergence: Converger;
   /** The last event job of each pod being applied here: the next one of that pod waits for it. */
@@ -47,35 +51,24 @@ export class ControlWorker {
   ) {
     const concurrency = opts.concurrency ?? CONTROL_CONCURRENCY;
     const prefix = deps.bullPrefix ? { prefix: deps.bullPrefix } : {};
-    this.events = new Worker<EventJobData>(QUEUE_NAMES.events, (job) => this.onEvent(job), {
-      connection: connections.events,
+    this.events = new EventConsumer(deps.queues.events, connections.events, (e) => this.onEvent(e), deps.log, {
+      ...opts.events,
       concurrency: concurrency.events,
-      ...CONTROL_LOCKS,
-      ...prefix,
     });
+    this.events.start();
     this.steps = new Worker<StepJobData>(QUEUE_NAMES.steps, (job) => this.onStep(job), {
       connection: connections.steps,
       concurrency: concurrency.steps,
       ...CONTROL_LOCKS,
       ...prefix,
     });
-    for (const worker of [this.events, this.steps]) {
-      worker.on('error', (err) => deps.log.error({ err }, 'control worker error'));
-    }
+    this.steps.on('error', (err) => deps.log.error({ err }, 'control worker error'));
     this.steps.on('failed', (job, err) => {
       if (job) void this.reportExhaustedStep(job, err);
     });
     this.convergence = new Converger(deps, opts.convergence);
     this.convergence.start();
     countPodsWith(() => deps.store.countByState());
-  }
-
-  /**
-   * Removes the fleet-wide reaper schedule of earlier versions: each control worker's convergence loop
-   * repairs now, reading only what is due.
-   */
-  async dropOldSchedule(): Promise<void> {
-    await this.deps.queues.events.removeJobScheduler(REAPER_JOB).catch(() => false);
   }
 
   async close(): Promise<void> {
@@ -86,17 +79,15 @@ export class ControlWorker {
 
   /**
    * Events of one pod taken by this worker are applied one at a time, in the order they were taken (the
-   * queue's): concurrent ones would only conflict in the compare-and-set and land in any order. (Across
+   * stream's): concurrent ones would only conflict in the compare-and-set and land in any order. (Across
    * workers the compare-and-set still decides.)
    */
-  private onEvent(job: Job<EventJobData>): Promise<string> {
-    // A run queued by an earlier version's schedule (dropped at start): harmless, it repairs what is due.
-    if (job.name === REAPER_JOB) return reap(this.deps).then((n) => `reaped ${n}`);
-    const { uid } = job.data;
+  private onEvent(entry: StreamedEvent): Promise<string> {
+    const { uid } = entry;
     const before = this.podTurns.get(uid) ?? Promise.resolve();
     const turn = before.then(
-      () => this.applyEventJob(job),
-      () => this.applyEventJob(job),
+      () => this.applyStreamedEvent(entry),
+      () => this.applyStreamedEvent(entry),
     );
     const done = turn.catch(() => undefined);
     this.podTurns.set(uid, done);
@@ -117,10 +108,16 @@ export class ControlWorker {
     return current !== null && current.token !== event.lease;
   }
 
-  private async applyEventJob(job: Job<EventJobData>): Promise<string> {
-    const { uid } = job.data;
-    const parsed = parsePodEvent(job.data.event);
-    if (!parsed.ok) throw new UnrecoverableError(`pod ${uid}: bad event: ${parsed.message}`);
+  private async applyStreamedEvent(entry: StreamedEvent): Promise<string> {
+    const { uid } = entry;
+    let data: unknown;
+    try {
+      data = JSON.parse(entry.event);
+    } catch {
+      throw new PermanentEventError(`pod ${uid}: bad event: not JSON`);
+    }
+    const parsed = parsePodEvent(data);
+    if (!parsed.ok) throw new PermanentEventError(`pod ${uid}: bad event: ${parsed.message}`);
     if (await this.fencedOff(uid, parsed.event)) {
       ignoredEvents.inc({ event: parsed.event.type });
       return `ignored ${parsed.event.type}: its session lost the lease to another`;
@@ -139,7 +136,7 @@ export class ControlWorker {
           return path.length > 0 ? path.join(', ') : `ignored ${event.type} in ${result.state ?? 'no machine'}`;
         case 'unrestorable':
           // A snapshot of another machine version: `status` shows it; retrying cannot help.
-          throw new UnrecoverableError(`pod ${uid}: ${result.message}`);
+          throw new PermanentEventError(`pod ${uid}: ${result.message}`);
         case 'applied': {
           path.push(`${result.from ?? 'new'} → ${result.to}`);
           transitions.inc({ to: result.to, event: event.type });

@@ -73,6 +73,7 @@ export async function forgetPod(deps: FleetDeps, uid: string, generation: number
     for (const step of STEPS) removals.push(steps.remove(jobIds.step(uid, step, g)));
     removals.push(sessions.remove(jobIds.session(uid, g)));
   }
+  removals.push(deps.queues.events.forgetDead(uid));
   await Promise.all(removals.map((removal) => removal.catch(() => 0)));
   await deps.store.remove(uid, Math.ceil(deps.config.Backhaul.HistoryTTL / 1000));
 }

@@ -5,8 +5,6 @@ import { jobIds, sendEvent } from '../pods/queues.js';
 import { LEASE_GRACE_MS } from '../store/lease-store.js';
 import { forgetPod, queueStep } from './effects.js';
 
-export const REAPER_JOB = 'bh-reaper';
-
 /** A pod that sat this long in a step's state lost its step (or the step's report): run it again. */
 const STEP_GRACE_MS = 60_000;
 /** Pods looked at per run, at most; the rest are due still and are taken by the next run. */

@@ -1,6 +1,8 @@
 import type { Server } from 'node:net';
 import type { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type PodDetail, podDetail } from '../../src/cli/pod-status.js';
+import { formatDetail } from '../../src/cli/status-format.js';
 import type { RunningFleet } from '../../src/fleet/fleet.js';
 import { silentLogger } from '../../src/log.js';
 import type { PodAction, PodEvent } from '../../src/machines/pod-machine.js';
@@ -90,10 +92,9 @@ describe('control plane: steps and effects run twice give the same result', () =
   /** Applies every waiting event of the pod, oldest first, as the events worker would (effects not run). */
   async function deliver(podUid: string): Promise<ApplyResult[]> {
     const results: ApplyResult[] = [];
-    for (const job of await jobsOf(deps.queues.events, podUid)) {
-      if (!(await job.isWaiting())) continue;
-      results.push(await applyPodEvent(deps, podUid, job.data.event));
-      await job.remove();
+    for (const entry of await deps.queues.events.waiting(podUid)) {
+      results.push(await applyPodEvent(deps, podUid, JSON.parse(entry.event)));
+      await deps.queues.events.drop([entry.id]);
     }
     return results;
   }
@@ -163,7 +164,7 @@ describe('control plane: steps and effects run twice give the same result', () =
     expect((await jobsOf(deps.queues.steps, podUid)).length).toBe(3);
     expect(await deadlineOf(podUid)).toBe(launching.context.deadline?.at);
     expect(launching.context.deadline?.name).toBe('launchingShadow');
-    expect(await jobsOf(deps.queues.events, podUid)).toEqual([]);
+    expect(await deps.queues.events.waiting(podUid)).toEqual([]);
     const launch = [
       await runStep(deps, podUid, 'launch', 1),
       await runStep(deps, podUid, 'launch', 1),
@@ -184,7 +185,7 @@ describe('control plane: steps and effects run twice give the same result', () =
     await effectsFourTimes(podUid, up.actions);
     expect(up.context.deadline?.name).toBe('waitingBatchHost');
     expect(await deadlineOf(podUid)).toBe(up.context.deadline?.at);
-    expect(await jobsOf(deps.queues.events, podUid)).toEqual([]);
+    expect(await deps.queues.events.waiting(podUid)).toEqual([]);
     expect(await runStep(deps, podUid, 'launch', 1)).toBe('stale');
     // The same report again is no transition, so no effects.
     expect(
@@ -197,7 +198,7 @@ describe('control plane: steps and effects run twice give the same result', () =
     await effectsFourTimes(podUid, down.actions);
     // Leaving the deadline state withdrew its deadline in the same write.
     expect(await deadlineOf(podUid)).toBeNull();
-    expect((await jobsOf(deps.queues.events, podUid)).map((j) => j.id)).toEqual([]);
+    expect((await deps.queues.events.waiting(podUid)).map((e) => e.id)).toEqual([]);
     expect((await jobsOf(deps.queues.steps, podUid)).map((j) => j.id)).toContain(jobIds.step(podUid, 'teardown', 1));
     expect((await jobsOf(deps.queues.steps, podUid)).length).toBe(4);
     const teardown = [
@@ -255,13 +256,22 @@ describe('control plane on a live fleet (control + session roles)', () => {
     expect(written).toBe('created');
     await sendEvent(fleet.deps.queues, future, { type: 'TEARDOWN', reason: 'test', at: Date.now() });
     const failed = await waitFor(
-      'the event job to fail',
-      async () => (await jobsOf(fleet.deps.queues.events, future)).find((j) => j.finishedOn && j.failedReason),
+      'the event to be buried',
+      async () => (await fleet.deps.queues.events.dead(future))[0],
       20_000,
     );
-    expect(failed.failedReason).toContain('machine version 999');
-    // Unrecoverable: one attempt, not ten.
-    expect(failed.attemptsMade).toBe(1);
+    expect(failed.reason).toContain('machine version 999');
+    // Unrecoverable: buried at its first delivery, not tried ten times.
+    expect(failed.delivery).toBe(1);
+    expect(JSON.parse(failed.event)).toMatchObject({ type: 'TEARDOWN' });
+    // `backhaul status` shows it, with why.
+    const detail = await podDetail(fleet.deps, future);
+    expect(detail?.deadEvents).toEqual([
+      { at: expect.any(Number), type: 'TEARDOWN', reason: expect.stringContaining('machine version 999'), delivery: 1 },
+    ]);
+    expect(formatDetail(detail as PodDetail)).toMatch(
+      /events not applied\n .* TEARDOWN +delivery 1: .*machine version 999/,
+    );
     // The record is untouched and the fleet still takes other pods through their steps.
     expect((await fleet.deps.store.load(future))?.state).toBe('hovering');
     const other = uid();

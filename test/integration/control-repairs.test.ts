@@ -40,8 +40,8 @@ async function activePod(): Promise<string> {
 }
 
 async function carrierLostFor(podUid: string): Promise<string[]> {
-  const jobs = await deps.queues.events.getJobs(['waiting', 'delayed', 'prioritized'], 0, -1);
-  return jobs.filter((j) => j.data.uid === podUid && j.data.event.type === 'CARRIER_LOST').map((j) => j.name);
+  const events = (await deps.queues.events.waiting(podUid)).map((e) => JSON.parse(e.event) as { type: string });
+  return events.filter((e) => e.type === 'CARRIER_LOST').map((e) => e.type);
 }
 
 describe('reaper: a shadow without a session host', () => {
@@ -125,12 +125,11 @@ describe('reaper: reads only what is due', () => {
     expect((await deps.queues.steps.getJob(stepJob))?.data).toMatchObject({ uid: podUid, step: 'render' });
     // Run as a job, render is the same function the control worker runs inline: its result is the event.
     expect(await runStep(deps, podUid, 'render', 0)).toBe('done');
-    const reported = await deps.queues.events.getJobs(['waiting', 'prioritized'], 0, -1);
-    expect(
-      reported
-        .filter((j) => j.data.uid === podUid)
-        .map((j) => ({ type: j.data.event.type, step: (j.data.event as { step?: string }).step })),
-    ).toContainEqual({ type: 'STEP_DONE', step: 'render' });
+    const reported = (await deps.queues.events.waiting(podUid)).map((e) => JSON.parse(e.event) as { type: string });
+    expect(reported.map((e) => ({ type: e.type, step: (e as { step?: string }).step }))).toContainEqual({
+      type: 'STEP_DONE',
+      step: 'render',
+    });
     const next = Number(await redis.redis.zscore(deps.keys.review(), podUid));
     expect(next).toBeGreaterThan(Date.now() + 60_000);
     await forgetPod(deps, podUid, 0);

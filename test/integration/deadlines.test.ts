@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/log.js';
+import type { PodEvent } from '../../src/machines/pod-machine.js';
 import { backoffDelay } from '../../src/machines/pod-rules.js';
 import { casConflicts, registry } from '../../src/metrics/fleet-metrics.js';
 import { type FleetDeps, fleetDeps } from '../../src/pods/fleet-deps.js';
@@ -49,24 +50,22 @@ describe('deadline index and clock', () => {
     const b = new DeadlineClock(deps, { claimMs: 1_500 });
     const sent = await Promise.all([a.tick(), b.tick()]);
     expect(sent.sort()).toEqual([0, 1]);
-    const events = (await deps.queues.events.getWaiting()).filter((j) => j.data.uid === podUid);
-    expect(events.map((j) => j.data.event)).toEqual([
-      { type: 'DEADLINE', name: 'launchingShadow', generation: 1, at: expect.any(Number) },
-    ]);
+    const events = (await deps.queues.events.waiting(podUid)).map((e) => JSON.parse(e.event) as PodEvent);
+    expect(events).toEqual([{ type: 'DEADLINE', name: 'launchingShadow', generation: 1, at: expect.any(Number) }]);
     // Not answered (the event is still queued): delivered again once the claim runs out, not before.
     expect(await a.tick()).toBe(0);
     await new Promise((r) => setTimeout(r, 1_600));
     expect(await b.tick()).toBe(1);
 
     // Delivered: the machine relaunches, and the new state's deadline replaces the old in the index.
-    const relaunched = await applyPodEvent(deps, podUid, events[0]!.data.event);
+    const relaunched = await applyPodEvent(deps, podUid, events[0]!);
     expect(relaunched).toMatchObject({ kind: 'applied', to: 'launchingShadow' });
     const context = relaunched.kind === 'applied' ? relaunched.context : undefined;
     expect(context?.generation).toBe(2);
     expect(Number(await redis.redis.zscore(deps.keys.deadlines(), podUid))).toBe(context?.deadline?.at);
     // A DEADLINE of the generation before is stale: no transition.
-    expect((await applyPodEvent(deps, podUid, events[0]!.data.event)).kind).toBe('ignored');
-    await deps.queues.events.drain();
+    expect((await applyPodEvent(deps, podUid, events[0]!)).kind).toBe('ignored');
+    await deps.queues.events.drop((await deps.queues.events.waiting(podUid)).map((e) => e.id));
   });
 
   it('a deadline withdrawn by a new state is never delivered, and a forgotten pod leaves no entry', async () => {
@@ -167,7 +166,7 @@ describe('the control worker delivers deadlines and reports steps that used up t
     }
     control.events.resume();
     const deadline = Date.now() + 15_000;
-    while ((await deps.queues.events.getWaitingCount()) + (await deps.queues.events.getActiveCount()) > 0) {
+    while ((await deps.queues.events.waiting()).length > 0) {
       if (Date.now() > deadline) throw new Error('events not processed');
       await new Promise((r) => setTimeout(r, 50));
     }

@@ -118,7 +118,7 @@ describe('the fleet (control + session roles) on the loopback site', () => {
     await upsert(fleet, podUid, 'p2', { 'interlink.eu/reverse-forwards': forwards });
     await waitForPodState(fleet, podUid, 'active', 60_000);
     expect((await stat(plan.forwards[0]?.socketPath ?? '')).isSocket()).toBe(true);
-    await fleet.deps.queues.events.add('POD_DELETED', { uid: podUid, event: { type: 'POD_DELETED', at: Date.now() } });
+    await fleet.deps.queues.events.send(podUid, { type: 'POD_DELETED', at: Date.now() });
     await waitForPodState(fleet, podUid, null, 30_000);
     expect(await exists(plan.forwards[0]?.socketPath ?? '')).toBe(false);
     expect(await fleet.deps.leases.get(podUid)).toBeNull();

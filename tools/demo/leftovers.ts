@@ -68,17 +68,22 @@ async function lease({ deps, pod }: LeftoverScope): Promise<Check> {
   };
 }
 
-/** BullMQ: nothing of the pod waiting, running or delayed (finished jobs are kept a while, by design). */
+/**
+ * Nothing of the pod waiting, running or delayed: BullMQ's steps and shadows (finished jobs are kept a
+ * while, by design), and events in the stream not yet applied, or buried.
+ */
 async function queuedJobs({ deps, pod }: LeftoverScope): Promise<Check> {
   const problems: string[] = [];
   const pending = ['wait', 'active', 'delayed', 'prioritized', 'waiting-children'] as const;
-  for (const queue of [deps.queues.events, deps.queues.steps, deps.queues.sessions]) {
+  for (const queue of [deps.queues.steps, deps.queues.sessions]) {
     for (const job of await queue.getJobs([...pending], 0, -1)) {
       const data = job?.data as { uid?: string } | undefined;
       if (data?.uid === pod.uid) problems.push(`${queue.name} job ${job.id} (${await job.getState()})`);
     }
   }
-  return { what: 'no queued, running or delayed job of the pod', problems };
+  for (const e of await deps.queues.events.waiting(pod.uid)) problems.push(`event ${e.id} not applied: ${e.event}`);
+  for (const e of await deps.queues.events.dead(pod.uid)) problems.push(`event ${e.id} buried: ${e.reason}`);
+  return { what: 'no queued, running or delayed job or event of the pod', problems };
 }
 
 async function socketFiles({ pod }: LeftoverScope): Promise<Check> {
