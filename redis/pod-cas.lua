@@ -22,8 +22,14 @@
 -- ARGV[12..] history entry as field, value, … (none: no entry)
 --
 -- Returns {1, new gen} when written, {0, stored gen} on a conflict, {-1, 0} when the pod has no record.
+--
+-- It runs for every transition of every pod, so it touches only what changes: one HMGET reads what it
+-- compares, the name index is written only when the name changes, and an index entry is removed only
+-- when the record says it has one (`deadlineAt` is '' when it has none, and missing on a record written
+-- before that field: then removed anyway).
 
-local gen = redis.call('HGET', KEYS[1], 'gen')
+local cur = redis.call('HMGET', KEYS[1], 'gen', 'namespace', 'name', 'outbox', 'deadlineAt')
+local gen = cur[1]
 if not gen then
   return {-1, 0}
 end
@@ -34,34 +40,41 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nextGen = tonumber(gen) + 1
+local fields = {'snapshot', ARGV[3], 'version', ARGV[4], 'gen', nextGen, 'state', ARGV[5], 'updatedAt', now,
+  'deadlineAt', ARGV[8]}
 
 -- The pod may have been renamed in the record (POD_UPSERT): move its name index entry.
-local oldKey = redis.call('HGET', KEYS[1], 'namespace') .. '/' .. redis.call('HGET', KEYS[1], 'name')
+local oldKey = (cur[2] or '') .. '/' .. (cur[3] or '')
 local newKey = ARGV[6] .. '/' .. ARGV[7]
-if oldKey ~= newKey and redis.call('HGET', KEYS[3], oldKey) == ARGV[1] then
-  redis.call('HDEL', KEYS[3], oldKey)
+if oldKey ~= newKey then
+  if redis.call('HGET', KEYS[3], oldKey) == ARGV[1] then
+    redis.call('HDEL', KEYS[3], oldKey)
+  end
+  redis.call('HSET', KEYS[3], newKey, ARGV[1])
+  table.insert(fields, 'namespace')
+  table.insert(fields, ARGV[6])
+  table.insert(fields, 'name')
+  table.insert(fields, ARGV[7])
 end
 
-redis.call('HSET', KEYS[1],
-  'snapshot', ARGV[3], 'version', ARGV[4], 'gen', nextGen, 'state', ARGV[5],
-  'updatedAt', now, 'namespace', ARGV[6], 'name', ARGV[7])
-redis.call('ZADD', KEYS[2], now, ARGV[1])
-redis.call('HSET', KEYS[3], newKey, ARGV[1])
 -- The deadline is indexed with the state that holds it, so it can be neither lost nor left behind.
-if ARGV[8] == '' then
-  redis.call('ZREM', KEYS[5], ARGV[1])
-else
+if ARGV[8] ~= '' then
   redis.call('ZADD', KEYS[5], ARGV[8], ARGV[1])
+elseif cur[5] ~= '' then
+  redis.call('ZREM', KEYS[5], ARGV[1])
 end
 -- The effects go into the outbox with the state that asked for them: a worker that dies before running
 -- them leaves them there for another (outbox-claim), instead of losing them.
-if ARGV[9] == '' then
+if ARGV[9] ~= '' then
+  table.insert(fields, 'outbox')
+  table.insert(fields, ARGV[9])
+  redis.call('ZADD', KEYS[6], now, ARGV[1])
+elseif cur[4] then
   redis.call('HDEL', KEYS[1], 'outbox')
   redis.call('ZREM', KEYS[6], ARGV[1])
-else
-  redis.call('HSET', KEYS[1], 'outbox', ARGV[9])
-  redis.call('ZADD', KEYS[6], now, ARGV[1])
 end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('ZADD', KEYS[2], now, ARGV[1])
 -- When to look at the pod again is a property of the state it is in: set with it, never left behind.
 if ARGV[10] == '' then
   redis.call('ZREM', KEYS[7], ARGV[1])

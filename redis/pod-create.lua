@@ -45,7 +45,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 redis.call('HSET', KEYS[1],
   'snapshot', ARGV[2], 'version', ARGV[3], 'gen', 1, 'state', ARGV[4],
-  'updatedAt', now, 'namespace', ARGV[5], 'name', ARGV[6])
+  'updatedAt', now, 'namespace', ARGV[5], 'name', ARGV[6], 'deadlineAt', ARGV[7])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[5] .. '/' .. ARGV[6], ARGV[1])
 if ARGV[7] ~= '' then

@@ -22,7 +22,8 @@ if gen and ARGV[3] ~= '' and gen ~= ARGV[3] then
 end
 
 if gen then
-  local nameKey = redis.call('HGET', KEYS[1], 'namespace') .. '/' .. redis.call('HGET', KEYS[1], 'name')
+  local names = redis.call('HMGET', KEYS[1], 'namespace', 'name')
+  local nameKey = (names[1] or '') .. '/' .. (names[2] or '')
   if redis.call('HGET', KEYS[3], nameKey) == ARGV[1] then
     redis.call('HDEL', KEYS[3], nameKey)
   end

@@ -71,6 +71,15 @@ export function openQueues(connection: Redis, keys: RedisKeys, prefix?: string, 
   };
 }
 
+/**
+ * A job's state, or 'unknown' when it does not exist: an EXISTS first, since most jobs asked about are
+ * gone (they are removed on completion) and BullMQ's state script runs about six commands.
+ */
+export async function jobState(redis: Redis, queue: Queue, id: string): Promise<string> {
+  if ((await redis.exists(queue.toKey(id))) === 0) return 'unknown';
+  return queue.getJobState(id);
+}
+
 /** Sends one event to a pod's machine. */
 export function sendEvent(queues: Pick<FleetQueues, 'events'>, uid: string, event: PodEvent): Promise<unknown> {
   return queues.events.send(uid, event);

@@ -1,6 +1,8 @@
 import { type PodAction, STEPS, type StepName } from '../machines/pod-machine.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
-import { jobIds, KEEP_JOBS } from '../pods/queues.js';
+import { jobIds, jobState, KEEP_JOBS } from '../pods/queues.js';
+import { stopShadow } from './shadow-stop.js';
+import { runStep } from './step-runner.js';
 
 /** Steps retry a few times on transient errors (Redis, the login node), backing off. */
 const STEP_RETRY = { attempts: 5, backoff: { type: 'exponential', delay: 1_000 } } as const;
@@ -16,7 +18,12 @@ export async function runEffects(deps: FleetDeps, uid: string, actions: readonly
     switch (action.type) {
       case 'runStep': {
         const { step, generation, delayMs } = action.params;
-        await queueStep(deps, uid, step, generation, delayMs ?? 0);
+        // Launch only queues the shadow's session job, which has retries of its own: run here, it saves a
+        // step job (about 50 Redis commands). It checks the pod's state and generation first, as a step
+        // job would, so a run from the outbox after the pod moved on is stale. A delayed one (a backoff)
+        // waits as a step job.
+        if (step === 'launch' && !delayMs) await runStep(deps, uid, step, generation);
+        else await queueStep(deps, uid, step, generation, delayMs ?? 0);
         break;
       }
       case 'stopShadow': {
@@ -43,8 +50,8 @@ export async function queueStep(
   delayMs = 0,
 ): Promise<void> {
   const jobId = jobIds.step(uid, step, generation);
-  const existing = await deps.queues.steps.getJob(jobId);
-  if (existing?.finishedOn) await deps.queues.steps.remove(jobId);
+  const state = await jobState(deps.redis, deps.queues.steps, jobId);
+  if (state === 'completed' || state === 'failed') await deps.queues.steps.remove(jobId);
   await deps.queues.steps.add(
     step,
     { uid, step, generation },
@@ -68,27 +75,20 @@ export async function queueStep(
  */
 export async function forgetPod(deps: FleetDeps, uid: string, generation: number): Promise<void> {
   const { steps, sessions } = deps.queues;
-  const removals: Promise<unknown>[] = [];
+  const named: { queue: typeof steps | typeof sessions; id: string }[] = [];
   for (let g = 0; g <= generation; g += 1) {
-    for (const step of STEPS) removals.push(steps.remove(jobIds.step(uid, step, g)));
-    removals.push(sessions.remove(jobIds.session(uid, g)));
+    for (const step of STEPS) named.push({ queue: steps, id: jobIds.step(uid, step, g) });
+    named.push({ queue: sessions, id: jobIds.session(uid, g) });
   }
+  // Most of these never existed (validate and render run inline; teardown and shadow jobs go when they
+  // complete): one pipelined EXISTS each, and BullMQ's removal (about 19 commands) only for those that do.
+  const pipeline = deps.redis.pipeline();
+  for (const { queue, id } of named) pipeline.exists(queue.toKey(id));
+  const exists = (await pipeline.exec()) ?? [];
+  const removals: Promise<unknown>[] = named
+    .filter((_, i) => exists[i]?.[1] !== 0)
+    .map(({ queue, id }) => queue.remove(id));
   removals.push(deps.queues.events.forgetDead(uid));
   await Promise.all(removals.map((removal) => removal.catch(() => 0)));
   await deps.store.remove(uid, Math.ceil(deps.config.Backhaul.HistoryTTL / 1000));
-}
-
-/**
- * Takes the shadow of `generation` (and older) away: its lease is deleted, which its session host sees
- * at the next renewal and closes the session; a session job not started yet is removed.
- */
-export async function stopShadow(deps: FleetDeps, uid: string, generation: number): Promise<void> {
-  await deps.leases.revoke(uid, generation);
-  for (let g = Math.max(1, generation - 1); g <= generation; g += 1) {
-    const job = await deps.queues.sessions.getJob(jobIds.session(uid, g));
-    if (!job) continue;
-    const state = await job.getState();
-    if (state === 'waiting' || state === 'delayed' || state === 'prioritized')
-      await job.remove().catch(() => undefined);
-  }
 }

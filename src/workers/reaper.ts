@@ -1,7 +1,7 @@
 import { type PodStateName, STEP_OF_STATE, stateHasTag } from '../machines/pod-machine.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { loadPodRecords, type PodRecord } from '../pods/pod-reader.js';
-import { jobIds, sendEvent } from '../pods/queues.js';
+import { jobIds, jobState, sendEvent } from '../pods/queues.js';
 import { LEASE_GRACE_MS } from '../store/lease-store.js';
 import { forgetPod, queueStep } from './effects.js';
 
@@ -99,9 +99,8 @@ async function repair(
   const goneSince = lease ? lease.expiresAt : updatedAt;
   if (lease && lease.expiresAt > now) return { repairs: 0, next: null }; // its expiry is indexed
   if (goneSince + LEASE_GRACE_MS >= now) return { repairs: 0, next: goneSince + LEASE_GRACE_MS };
-  const job = await deps.queues.sessions.getJob(jobIds.session(uid, context.generation));
-  const jobState = job ? await job.getState() : 'missing';
-  if (jobState === 'active' || jobState === 'waiting' || jobState === 'delayed') {
+  const job = await jobState(deps.redis, deps.queues.sessions, jobIds.session(uid, context.generation));
+  if (job === 'active' || job === 'waiting' || job === 'delayed') {
     return { repairs: 0, next: now + LEASE_GRACE_MS };
   }
   await sendEvent(deps.queues, uid, {

@@ -9,9 +9,9 @@ import {
 } from '../machines/pod-machine.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { type PodView, readPod } from '../pods/pod-reader.js';
-import { jobIds, sendEvent } from '../pods/queues.js';
+import { jobIds, jobState, sendEvent } from '../pods/queues.js';
 import { isSpecError } from '../spec/spec-error.js';
-import { stopShadow } from './effects.js';
+import { stopShadow } from './shadow-stop.js';
 import { planOf, requestOf } from './pod-plan.js';
 
 export type StepOutcome = 'done' | 'failed' | 'stale';
@@ -97,9 +97,7 @@ async function perform(deps: FleetDeps, pod: PodView, step: StepName, generation
 async function waitForShadowGone(deps: FleetDeps, uid: string, generation: number, timeoutMs = 20_000): Promise<void> {
   const deadline = deps.now() + timeoutMs;
   for (;;) {
-    const job = await deps.queues.sessions.getJob(jobIds.session(uid, generation));
-    const state = job ? await job.getState() : 'unknown';
-    if (state !== 'active') return;
+    if ((await jobState(deps.redis, deps.queues.sessions, jobIds.session(uid, generation))) !== 'active') return;
     if (deps.now() > deadline) {
       deps.log.warn({ uid, generation }, 'teardown: the shadow did not stop in time; its lease is gone, so it will');
       return;

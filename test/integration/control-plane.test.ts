@@ -154,14 +154,15 @@ describe('control plane: steps and effects run twice give the same result', () =
     expect(delivered.map((r) => r.kind)).toEqual(['applied', 'ignored']);
     expect(await runStep(deps, podUid, 'render', 0)).toBe('stale');
 
-    // launchingShadow: one launch job, its deadline indexed with the state, and however often launch
-    // runs, one session job.
+    // launchingShadow: launch runs with the effects (no step job), its deadline indexed with the state,
+    // and however often launch runs, one session job.
     const launching = delivered[0] as ApplyResult & { kind: 'applied' };
     expect(launching.to).toBe('launchingShadow');
     expect(launching.context.generation).toBe(1);
     await effectsFourTimes(podUid, launching.actions);
-    expect((await jobsOf(deps.queues.steps, podUid)).map((j) => j.id)).toContain(jobIds.step(podUid, 'launch', 1));
-    expect((await jobsOf(deps.queues.steps, podUid)).length).toBe(3);
+    expect((await jobsOf(deps.queues.steps, podUid)).map((j) => j.id)).not.toContain(jobIds.step(podUid, 'launch', 1));
+    expect((await jobsOf(deps.queues.steps, podUid)).length).toBe(2);
+    expect((await jobsOf(deps.queues.sessions, podUid)).map((j) => j.id)).toEqual([jobIds.session(podUid, 1)]);
     expect(await deadlineOf(podUid)).toBe(launching.context.deadline?.at);
     expect(launching.context.deadline?.name).toBe('launchingShadow');
     expect(await deps.queues.events.waiting(podUid)).toEqual([]);
@@ -200,7 +201,7 @@ describe('control plane: steps and effects run twice give the same result', () =
     expect(await deadlineOf(podUid)).toBeNull();
     expect((await deps.queues.events.waiting(podUid)).map((e) => e.id)).toEqual([]);
     expect((await jobsOf(deps.queues.steps, podUid)).map((j) => j.id)).toContain(jobIds.step(podUid, 'teardown', 1));
-    expect((await jobsOf(deps.queues.steps, podUid)).length).toBe(4);
+    expect((await jobsOf(deps.queues.steps, podUid)).length).toBe(3);
     const teardown = [
       ...(await Promise.all([runStep(deps, podUid, 'teardown', 1), runStep(deps, podUid, 'teardown', 1)])),
       await runStep(deps, podUid, 'teardown', 1),
@@ -324,10 +325,13 @@ describe('control plane on a live fleet (control + session roles)', () => {
     // The step jobs of states already passed, run again by hand and through the queue.
     expect(await runStep(fleet.deps, podUid, 'validate', 0)).toBe('stale');
     expect(await runStep(fleet.deps, podUid, 'launch', 1)).toBe('stale');
+    // Launch as an effect again (an outbox swept late): it finds the pod past launchingShadow; so does a
+    // delayed one (a backoff), which waits as a step job.
     const launchAgain: PodAction[] = [{ type: 'runStep', params: { step: 'launch', generation: 1, delayMs: 0 } }];
     await Promise.all([runEffects(fleet.deps, podUid, launchAgain), runEffects(fleet.deps, podUid, launchAgain)]);
-    // The kept launch job is replaced, runs again, and finds the pod past launchingShadow.
-    const rerun = await waitFor('the launch job to run again', async () => {
+    const launchLater: PodAction[] = [{ type: 'runStep', params: { step: 'launch', generation: 1, delayMs: 10 } }];
+    await runEffects(fleet.deps, podUid, launchLater);
+    const rerun = await waitFor('the delayed launch job to run', async () => {
       const job = await fleet.deps.queues.steps.getJob(jobIds.step(podUid, 'launch', 1));
       return job?.finishedOn ? job : undefined;
     });

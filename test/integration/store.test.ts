@@ -190,6 +190,31 @@ describe('SnapshotStore', () => {
     expect(await score()).toBeNull();
   });
 
+  it('indexes deadlines and effects with the state, and withdraws them: also for a record without deadlineAt', async () => {
+    const keys = freshKeys();
+    const store = new SnapshotStore(redis, { keys });
+    const indexed = async () => ({
+      deadline: await redis.zscore(keys.deadlines(), 'u1'),
+      outbox: await redis.zscore(keys.outbox(), 'u1'),
+      effects: (await store.load('u1'))?.outbox ?? null,
+    });
+    const effects = [{ type: 'runStep', params: { step: 'launch', generation: 1 } }] as PodWrite['effects'];
+    await store.create('u1', write(0, { deadlineAt: 5_000, effects }));
+    expect(await indexed()).toEqual({ deadline: '5000', outbox: expect.any(String), effects });
+    await store.compareAndSet('u1', 1, write(1));
+    expect(await indexed()).toEqual({ deadline: null, outbox: null, effects: null });
+    await store.compareAndSet('u1', 2, write(2, { deadlineAt: 7_000 }));
+    expect((await indexed()).deadline).toBe('7000');
+    // A record written before the field (its deadline indexed, no `deadlineAt`): withdrawn all the same.
+    await redis.hdel(keys.pod('u1'), 'deadlineAt');
+    await store.compareAndSet('u1', 3, write(3));
+    expect((await indexed()).deadline).toBeNull();
+    // Nothing to withdraw: the next write touches neither index (one HMGET read what it had).
+    await redis.zadd(keys.deadlines(), 9_000, 'u1');
+    await store.compareAndSet('u1', 4, write(4));
+    expect((await indexed()).deadline).toBe('9000');
+  });
+
   it('moves the name index when a pod is renamed, and only its own entry', async () => {
     const store = new SnapshotStore(redis, { keys: freshKeys() });
     await store.create('u1', write(0));
