@@ -18,12 +18,22 @@ export async function runEffects(deps: FleetDeps, uid: string, actions: readonly
     switch (action.type) {
       case 'runStep': {
         const { step, generation, delayMs } = action.params;
-        // Launch only queues the shadow's session job, which has retries of its own: run here, it saves a
-        // step job (about 50 Redis commands). It checks the pod's state and generation first, as a step
-        // job would, so a run from the outbox after the pod moved on is stale. A delayed one (a backoff)
-        // waits as a step job.
-        if (step === 'launch' && !delayMs) await runStep(deps, uid, step, generation);
-        else await queueStep(deps, uid, step, generation, delayMs ?? 0);
+        // Run here when it is quick, which saves a step job (about 45 Redis commands): launch only queues
+        // the shadow's session job (which has retries of its own); teardown of a shadow whose session is
+        // no longer running only revokes the lease and reports. runStep checks the pod's state and
+        // generation first, as a step job would, so a run from the outbox after the pod moved on is
+        // stale. A delayed one (a backoff), or the teardown of a running session (it waits up to 20 s
+        // for the session to close), is a step job.
+        // If it fails here, the step job takes over, with its retries and the report when they run out.
+        const quick = step === 'launch' || (step === 'teardown' && !(await sessionRunning(deps, uid, generation)));
+        if (!delayMs && quick) {
+          const ran = await runStep(deps, uid, step, generation).catch((err: unknown) => {
+            deps.log.warn({ err, uid, step }, 'step failed where it was asked for; queued as a job');
+            return undefined;
+          });
+          if (ran !== undefined) break;
+        }
+        await queueStep(deps, uid, step, generation, delayMs ?? 0);
         break;
       }
       case 'stopShadow': {
@@ -32,6 +42,10 @@ export async function runEffects(deps: FleetDeps, uid: string, actions: readonly
       }
     }
   }
+}
+
+async function sessionRunning(deps: FleetDeps, uid: string, generation: number): Promise<boolean> {
+  return (await jobState(deps.redis, deps.queues.sessions, jobIds.session(uid, generation))) === 'active';
 }
 
 /**
@@ -80,14 +94,17 @@ export async function forgetPod(deps: FleetDeps, uid: string, generation: number
     for (const step of STEPS) named.push({ queue: steps, id: jobIds.step(uid, step, g) });
     named.push({ queue: sessions, id: jobIds.session(uid, g) });
   }
-  // Most of these never existed (validate and render run inline; teardown and shadow jobs go when they
-  // complete): one pipelined EXISTS each, and BullMQ's removal (about 19 commands) only for those that do.
-  const pipeline = deps.redis.pipeline();
-  for (const { queue, id } of named) pipeline.exists(queue.toKey(id));
-  const exists = (await pipeline.exec()) ?? [];
-  const removals: Promise<unknown>[] = named
-    .filter((_, i) => exists[i]?.[1] !== 0)
-    .map(({ queue, id }) => queue.remove(id));
+  // Usually none of these exists (validate and render run inline, launch with the effects; teardown and
+  // shadow jobs go when they complete): one EXISTS of them all says so. Otherwise one pipelined EXISTS
+  // each, and BullMQ's removal (about 19 commands) only for those that do.
+  const keys = named.map(({ queue, id }) => queue.toKey(id));
+  let removals: Promise<unknown>[] = [];
+  if ((await deps.redis.exists(...keys)) > 0) {
+    const pipeline = deps.redis.pipeline();
+    for (const key of keys) pipeline.exists(key);
+    const exists = (await pipeline.exec()) ?? [];
+    removals = named.filter((_, i) => exists[i]?.[1] !== 0).map(({ queue, id }) => queue.remove(id));
+  }
   removals.push(deps.queues.events.forgetDead(uid));
   await Promise.all(removals.map((removal) => removal.catch(() => 0)));
   await deps.store.remove(uid, Math.ceil(deps.config.Backhaul.HistoryTTL / 1000));

@@ -11,8 +11,8 @@ import type { FleetDeps } from '../pods/fleet-deps.js';
 import { type PodView, readPod } from '../pods/pod-reader.js';
 import { jobIds, jobState, sendEvent } from '../pods/queues.js';
 import { isSpecError } from '../spec/spec-error.js';
-import { stopShadow } from './shadow-stop.js';
 import { planOf, requestOf } from './pod-plan.js';
+import { stopShadow } from './shadow-stop.js';
 
 export type StepOutcome = 'done' | 'failed' | 'stale';
 

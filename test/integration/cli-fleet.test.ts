@@ -279,7 +279,8 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
     expect(detail.stdout).toContain(`addresses   ${bindAddress(web.uid, 0)}\n`);
     expect(detail.stdout).toMatch(/lease {7}cli-host, generation 1, expires in \d+s\n/);
     expect(detail.stdout).toContain(`  ${jobIds.session(web.uid, 1)}  active`);
-    expect(detail.stdout).toContain(`  ${jobIds.step(web.uid, 'launch', 1)}  completed`);
+    // Launch ran with the transition's effects: no step job of it to show.
+    expect(detail.stdout).not.toContain(jobIds.step(web.uid, 'launch', 1));
     expect(detail.stdout).toContain('\ntimeline\n');
     expect(detail.stdout).toMatch(/ FORWARDS_READY +\w+ → active\n/);
 

@@ -210,8 +210,10 @@ describe('outbox: effects stored with the state that asked for them', () => {
     expect(await a.sweep()).toBe(0); // too fresh: its writer may still be running them
     await new Promise((r) => setTimeout(r, 400));
     expect((await Promise.all([a.sweep(), b.sweep()])).sort()).toEqual([0, 1]);
-    const job = await deps.queues.steps.getJob(launchOf(podUid));
-    expect(job?.data).toEqual({ uid: podUid, step: 'launch', generation: 1 });
+    // Launch ran with the swept effects: the shadow's session job is queued (no launch step job).
+    expect(await deps.queues.steps.getJob(launchOf(podUid))).toBeUndefined();
+    const job = await deps.queues.sessions.getJob(jobIds.session(podUid, 1));
+    expect(job?.data).toMatchObject({ uid: podUid, generation: 1 });
     expect((await deps.store.load(podUid))?.outbox).toBeNull();
     expect(await redis.redis.zscore(deps.keys.outbox(), podUid)).toBeNull();
     await new Promise((r) => setTimeout(r, 400));
