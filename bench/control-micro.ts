@@ -36,7 +36,7 @@ import { preloadScripts } from '../src/store/scripts.js';
 import { runEffects } from '../src/workers/effects.js';
 import { EventConsumer } from '../src/workers/event-consumer.js';
 import { applyPodEvent } from '../src/workers/pod-events.js';
-import { eventsUpTo } from '../test/fixtures/control-only.js';
+import { eventsUpTo } from '../tools/sandbox/control-only.js';
 import { NO_CLUSTER_CHECKS } from '../tools/sandbox/loopback-site.js';
 import { say, selfCpuSeconds, sleep } from './control-common.js';
 

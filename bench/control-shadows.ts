@@ -41,10 +41,10 @@ import { ShadowSession } from '../src/ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { RedisKeys } from '../src/store/keys.js';
 import { createRedis } from '../src/store/redis.js';
-import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS, startLoopbackSite } from '../test/fixtures/loopback-site.js';
-import { echoServer, jobScript, planFor } from '../test/fixtures/shadow-harness.js';
-import { sbatch } from '../test/fixtures/slurm.js';
-import { descendantsOf } from '../test/fixtures/sshd.js';
+import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS, startLoopbackSite } from '../tools/sandbox/loopback-site.js';
+import { echoServer, jobScript, planFor } from '../tools/sandbox/shadow-harness.js';
+import { sbatch } from '../tools/sandbox/slurm.js';
+import { descendantsOf } from '../tools/sandbox/sshd.js';
 import { type Child, cleanupAll, onCleanup, say, sleep, spawnChild } from './control-common.js';
 import { cancelRun, runPrefix, uidOf } from './control-slurm.js';
 

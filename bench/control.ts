@@ -34,7 +34,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { createRedis } from '../src/store/redis.js';
-import { JOB_USER } from '../test/fixtures/users.js';
+import { JOB_USER } from '../tools/sandbox/users.js';
 import { cleanupAll, fmt, machineCpu, median, onCleanup, say, sleep, spawnChild, table } from './control-common.js';
 import { summarizeProfile } from './control-cpuprofile.js';
 import { benchBatching, benchBullmq, benchEventStream, benchMachine, benchStore } from './control-micro.js';

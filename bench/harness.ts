@@ -6,8 +6,8 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
-import { descendantsOf, isAlive } from '../test/fixtures/sshd.js';
-import { type TestUser, userEnv } from '../test/fixtures/users.js';
+import { descendantsOf, isAlive } from '../tools/sandbox/sshd.js';
+import { type TestUser, userEnv } from '../tools/sandbox/users.js';
 
 export const MiB = 1024 * 1024;
 export const ROOT = fileURLToPath(new URL('..', import.meta.url));

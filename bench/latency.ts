@@ -33,9 +33,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sshCryptoPath } from '../src/ssh/crypto-path.js';
 import { autoTunnelThreads } from '../src/ssh/tunnel-threads.js';
-import { startLoopbackSite } from '../test/fixtures/loopback-site.js';
-import { freePort } from '../test/fixtures/sshd.js';
-import { lookupUser, type TestUser } from '../test/fixtures/users.js';
+import { startLoopbackSite } from '../tools/sandbox/loopback-site.js';
+import { freePort } from '../tools/sandbox/sshd.js';
+import { lookupUser, type TestUser } from '../tools/sandbox/users.js';
 import {
   benchName,
   type CpuGroups,

@@ -14,10 +14,10 @@ import { dialRulesOf } from '../src/ssh/endpoint-dial.js';
 import { type ShadowPhase, ShadowSession, type ShadowSessionOptions } from '../src/ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { type Shadow, type TunnelLogin, TunnelThreads } from '../src/ssh/tunnel-threads.js';
-import type { LoopbackSite } from '../test/fixtures/loopback-site.js';
-import { jobScript, planFor, uid } from '../test/fixtures/shadow-harness.js';
-import { sbatch, scancel } from '../test/fixtures/slurm.js';
+import type { LoopbackSite } from '../tools/sandbox/loopback-site.js';
 import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../tools/sandbox/loopback-site.js';
+import { jobScript, planFor, uid } from '../tools/sandbox/shadow-harness.js';
+import { sbatch, scancel } from '../tools/sandbox/slurm.js';
 import { onCleanup, PYTHON, safeReaddir, say, withTimeout } from './harness.js';
 
 /** BENCH_TUNNEL_LOGIN: where tunnel threads get their login connections (per-thread, the default, or shared). */

@@ -12,10 +12,10 @@ import { type Carrier, openCarrier } from '../src/ssh/carrier.js';
 import type { LoginLease } from '../src/ssh/login-pool.js';
 import { type ForwardTarget, ReverseForwards } from '../src/ssh/reverse-forwards.js';
 import type { SiteAccess } from '../src/ssh/site-access.js';
-import { loopbackDialer } from '../test/fixtures/dial-rules.js';
-import type { LoopbackSite } from '../test/fixtures/loopback-site.js';
-import { freePort, isAlive } from '../test/fixtures/sshd.js';
-import type { TestUser } from '../test/fixtures/users.js';
+import { loopbackDialer } from '../tools/sandbox/dial-rules.js';
+import type { LoopbackSite } from '../tools/sandbox/loopback-site.js';
+import { freePort, isAlive } from '../tools/sandbox/sshd.js';
+import type { TestUser } from '../tools/sandbox/users.js';
 import { type Child, onCleanup, PYTHON, ROOT, say, start, waitForSocket } from './harness.js';
 
 /** The one cipher both sshds accept in the benchmarks: ssh2 and OpenSSH use it on every hop. */

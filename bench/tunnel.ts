@@ -6,11 +6,15 @@ import { join } from 'node:path';
 import { parseSiteConfig } from '../src/spec/site-config.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { autoTunnelThreads } from '../src/ssh/tunnel-threads.js';
-import { type LoopbackSite, startLoopbackSite } from '../test/fixtures/loopback-site.js';
-import { sbatch, scancel, waitForState } from '../test/fixtures/slurm.js';
-import { isAlive } from '../test/fixtures/sshd.js';
-import type { TestUser } from '../test/fixtures/users.js';
-import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../tools/sandbox/loopback-site.js';
+import {
+  LOOPBACK_ENDPOINT_POLICY,
+  type LoopbackSite,
+  NO_CLUSTER_CHECKS,
+  startLoopbackSite,
+} from '../tools/sandbox/loopback-site.js';
+import { sbatch, scancel, waitForState } from '../tools/sandbox/slurm.js';
+import { isAlive } from '../tools/sandbox/sshd.js';
+import type { TestUser } from '../tools/sandbox/users.js';
 import {
   best,
   type Child,

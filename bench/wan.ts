@@ -34,9 +34,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { autoTunnelThreads } from '../src/ssh/tunnel-threads.js';
-import { startLoopbackSite } from '../test/fixtures/loopback-site.js';
-import { ensureSlurm, waitForState } from '../test/fixtures/slurm.js';
-import type { TestUser } from '../test/fixtures/users.js';
+import { startLoopbackSite } from '../tools/sandbox/loopback-site.js';
+import { ensureSlurm, waitForState } from '../tools/sandbox/slurm.js';
+import type { TestUser } from '../tools/sandbox/users.js';
 import {
   benchName,
   type Child,

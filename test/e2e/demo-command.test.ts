@@ -4,7 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { DEFAULT_SOCKET_ROOT, socketRootOf } from '../../src/spec/site-config.js';
 import { DEMO_USER } from '../../tools/demo/demo-options.js';
 import { DEMO_MODES } from '../../tools/demo/stack.js';
-import { ensureUser, OTHER_USER } from '../fixtures/users.js';
+import { ensureUser, OTHER_USER } from '../../tools/sandbox/users.js';
 
 /** `npm run demo` as a person runs it (tools/demo/main.ts under tsx, outside the package): one run per carrier mode. */
 const DEMO = new URL('../../tools/demo/main.ts', import.meta.url).pathname;

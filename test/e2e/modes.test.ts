@@ -21,10 +21,10 @@ import {
   waitForOutput,
 } from '../../tools/demo/stack.js';
 import { WORKLOAD_DONE, workloadScript } from '../../tools/demo/workload.js';
+import type { LoopbackSite } from '../../tools/sandbox/loopback-site.js';
+import { ensureSlurm, scancel } from '../../tools/sandbox/slurm.js';
+import { ensureUser, JOB_USER, type TestUser } from '../../tools/sandbox/users.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
-import type { LoopbackSite } from '../fixtures/loopback-site.js';
-import { ensureSlurm, scancel } from '../fixtures/slurm.js';
-import { ensureUser, JOB_USER, type TestUser } from '../fixtures/users.js';
 
 /**
  * The whole stack, end to end, in each carrier mode: real Redis, the loopback site with real Slurm, an

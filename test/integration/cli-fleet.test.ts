@@ -11,10 +11,13 @@ import { jobIds } from '../../src/pods/queues.js';
 import type { SessionPlan } from '../../src/render/session-plan.js';
 import { bindAddress } from '../../src/spec/derivations.js';
 import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
-import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
-import { inProcessFleet, privateRedis, waitForPodState } from '../fixtures/fleet-harness.js';
-import { bullEntriesNaming, keysNaming } from '../fixtures/leftovers.js';
-import { type LoopbackSite, startLoopbackSite } from '../fixtures/loopback-site.js';
+import { keysNaming, queueEntriesNaming } from '../../tools/demo/leftovers.js';
+import {
+  LOOPBACK_ENDPOINT_POLICY,
+  type LoopbackSite,
+  NO_CLUSTER_CHECKS,
+  startLoopbackSite,
+} from '../../tools/sandbox/loopback-site.js';
 import {
   echoServer,
   exists,
@@ -25,8 +28,9 @@ import {
   uid,
   userProcesses,
   waitFor,
-} from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, jobState, sbatch, scancel, stepsOf, waitForState } from '../fixtures/slurm.js';
+} from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs, jobState, sbatch, scancel, stepsOf, waitForState } from '../../tools/sandbox/slurm.js';
+import { inProcessFleet, privateRedis, waitForPodState } from '../fixtures/fleet-harness.js';
 
 /**
  * The built `backhaul` command (`npm run build` first) against an in-process fleet on the loopback
@@ -129,7 +133,7 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
     expect(await podState(podUid)).toBeNull();
     expect(await keysNaming(redis.redis, podUid)).toEqual([`bh:hist:${podUid}`]);
     expect(await redis.redis.ttl(`bh:hist:${podUid}`)).toBeGreaterThan(0);
-    expect(await bullEntriesNaming(redis.redis, podUid)).toEqual([]);
+    expect(await queueEntriesNaming(redis.redis, podUid)).toEqual([]);
     expect(await redis.redis.zscore('bh:leases', podUid)).toBeNull();
     expect(await redis.redis.hget('bh:pods:by-name', `user/${name}`)).toBeNull();
     for (const f of plan.forwards) expect(await exists(f.socketPath)).toBe(false);
@@ -196,7 +200,7 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
     });
     for (const podUid of uids) {
       expect(await keysNaming(redis.redis, podUid as string)).toEqual([]);
-      expect(await bullEntriesNaming(redis.redis, podUid as string)).toEqual([]);
+      expect(await queueEntriesNaming(redis.redis, podUid as string)).toEqual([]);
     }
     expect(await redis.redis.zcard('bh:pods')).toBe(0);
     expect(await redis.redis.hlen('bh:pods:by-name')).toBe(0);
@@ -450,7 +454,7 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
       expect(teardown.stderr).toContain(
         'user/future: this build cannot act on the pod: stored with machine version 999',
       );
-      expect(await bullEntriesNaming(redis.redis, future)).toEqual([]);
+      expect(await queueEntriesNaming(redis.redis, future)).toEqual([]);
     } finally {
       await fleet.deps.store.remove(future, 1);
     }

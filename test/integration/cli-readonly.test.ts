@@ -6,10 +6,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PodFollower } from '../../src/cli/pod-follow.js';
 import { silentLogger } from '../../src/log.js';
 import { type FleetDeps, fleetDeps, podReadDeps } from '../../src/pods/fleet-deps.js';
-import { controlOnlyConfig, drive, eventsUpTo } from '../fixtures/control-only.js';
+import { controlOnlyConfig, drive, eventsUpTo } from '../../tools/sandbox/control-only.js';
+import { waitFor } from '../../tools/sandbox/shadow-harness.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
 import { containerOf, renderOverlay, SITE_ADDRESSES } from '../fixtures/kustomize.js';
-import { waitFor } from '../fixtures/shadow-harness.js';
 
 /**
  * The commands that only look at the fleet (`status`, `list`, `status --watch`), run as the built

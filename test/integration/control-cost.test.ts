@@ -10,10 +10,10 @@ import { type FleetDeps, fleetDeps } from '../../src/pods/fleet-deps.js';
 import { QUEUE_NAMES, type SessionJobData, sendEvent } from '../../src/pods/queues.js';
 import { createRedis } from '../../src/store/redis.js';
 import { ControlWorker } from '../../src/workers/control-worker.js';
-import { controlOnlyConfig, FORWARDS } from '../fixtures/control-only.js';
+import { controlOnlyConfig, FORWARDS } from '../../tools/sandbox/control-only.js';
+import { waitFor } from '../../tools/sandbox/shadow-harness.js';
+import { freePort } from '../../tools/sandbox/sshd.js';
 import { RedisServer } from '../fixtures/redis-server.js';
-import { waitFor } from '../fixtures/shadow-harness.js';
-import { freePort } from '../fixtures/sshd.js';
 
 /**
  * What the control plane costs Redis (issue 28: at most 25 commands per stored transition), counted

@@ -12,10 +12,13 @@ import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js'
 import { runEffects } from '../../src/workers/effects.js';
 import { type ApplyResult, applyPodEvent } from '../../src/workers/pod-events.js';
 import { runStep } from '../../src/workers/step-runner.js';
-import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
-import { inProcessFleet, privateRedis, upsert, waitForPodState } from '../fixtures/fleet-harness.js';
-import { bullEntriesNaming, keysNaming } from '../fixtures/leftovers.js';
-import { type LoopbackSite, startLoopbackSite } from '../fixtures/loopback-site.js';
+import { keysNaming, queueEntriesNaming } from '../../tools/demo/leftovers.js';
+import {
+  LOOPBACK_ENDPOINT_POLICY,
+  type LoopbackSite,
+  NO_CLUSTER_CHECKS,
+  startLoopbackSite,
+} from '../../tools/sandbox/loopback-site.js';
 import {
   echoServer,
   exists,
@@ -25,8 +28,9 @@ import {
   planFor,
   uid,
   waitFor,
-} from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch, scancel } from '../fixtures/slurm.js';
+} from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs, sbatch, scancel } from '../../tools/sandbox/slurm.js';
+import { inProcessFleet, privateRedis, upsert, waitForPodState } from '../fixtures/fleet-harness.js';
 
 const DB = 6;
 const ALL_STATES = ['wait', 'waiting', 'active', 'delayed', 'prioritized', 'completed', 'failed'] as const;
@@ -365,7 +369,7 @@ describe('control plane on a live fleet (control + session roles)', () => {
     await waitFor('the session job to go', async () => (await jobsOf(fleet.deps.queues.sessions, podUid)).length === 0);
     expect(await keysNaming(redis.redis, podUid)).toEqual([`bh:hist:${podUid}`]);
     expect(await redis.redis.ttl(`bh:hist:${podUid}`)).toBeGreaterThan(0);
-    expect(await bullEntriesNaming(redis.redis, podUid)).toEqual([]);
+    expect(await queueEntriesNaming(redis.redis, podUid)).toEqual([]);
     await scancel(jobId);
   }, 120_000);
 });

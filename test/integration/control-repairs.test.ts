@@ -10,7 +10,7 @@ import { OutboxSweeper } from '../../src/workers/outbox-sweeper.js';
 import { applyPodEvent } from '../../src/workers/pod-events.js';
 import { reap } from '../../src/workers/reaper.js';
 import { runStep } from '../../src/workers/step-runner.js';
-import { controlOnlyConfig, drive, eventsUpTo, FORWARDS } from '../fixtures/control-only.js';
+import { controlOnlyConfig, drive, eventsUpTo, FORWARDS } from '../../tools/sandbox/control-only.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
 
 /** Repairs and guards of the control plane against real Redis and BullMQ: the reaper, stale events. */

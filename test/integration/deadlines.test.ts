@@ -8,7 +8,7 @@ import { jobIds, sendEvent } from '../../src/pods/queues.js';
 import { ControlWorker } from '../../src/workers/control-worker.js';
 import { DeadlineClock } from '../../src/workers/deadline-clock.js';
 import { applyPodEvent } from '../../src/workers/pod-events.js';
-import { controlOnlyConfig, drive, eventsUpTo, FORWARDS } from '../fixtures/control-only.js';
+import { controlOnlyConfig, drive, eventsUpTo, FORWARDS } from '../../tools/sandbox/control-only.js';
 import { privateRedis, waitForPodState } from '../fixtures/fleet-harness.js';
 
 /**

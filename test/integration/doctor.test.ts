@@ -7,8 +7,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stringify as toYaml } from 'yaml';
 import { fingerprint } from '../../src/ssh/known-hosts.js';
-import { type LoopbackSite, startLoopbackSite } from '../fixtures/loopback-site.js';
-import { freePort, generateClientKey, knownHostsText } from '../fixtures/sshd.js';
+import { type LoopbackSite, startLoopbackSite } from '../../tools/sandbox/loopback-site.js';
+import { freePort, generateClientKey, knownHostsText } from '../../tools/sandbox/sshd.js';
 
 /**
  * `backhaul doctor` against the loopback site (real sshds, real Slurm), run as the built command a

@@ -6,9 +6,9 @@ import { admit } from '../../src/cluster/admission.js';
 import { renderSessionPlan } from '../../src/render/session-plan.js';
 import { ANNOTATION } from '../../src/spec/annotations.js';
 import { parseReverseRequest, requestContext } from '../../src/spec/reverse-request.js';
+import { ensureUser, JOB_USER, type TestUser } from '../../tools/sandbox/users.js';
 import { patchedAnnotations, podReview } from '../fixtures/admission-reviews.js';
 import { jsonPatch } from '../fixtures/fake-apiserver.js';
-import { ensureUser, JOB_USER, type TestUser } from '../fixtures/users.js';
 import { siteWith } from '../unit/spec-fixtures.js';
 import { deliverRelay, type RunningScript, startScript, uniqueUid } from './script-runner.js';
 

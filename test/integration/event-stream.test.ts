@@ -9,9 +9,9 @@ import { EventStream, type StreamedEvent } from '../../src/pods/event-stream.js'
 import { RedisKeys } from '../../src/store/keys.js';
 import { createRedis } from '../../src/store/redis.js';
 import { EventConsumer, type EventConsumerOptions, PermanentEventError } from '../../src/workers/event-consumer.js';
+import { waitFor } from '../../tools/sandbox/shadow-harness.js';
+import { freePort } from '../../tools/sandbox/sshd.js';
 import { RedisServer } from '../fixtures/redis-server.js';
-import { waitFor } from '../fixtures/shadow-harness.js';
-import { freePort } from '../fixtures/sshd.js';
 
 /**
  * The pods' events as one Redis stream and a consumer group (src/pods/event-stream.ts,

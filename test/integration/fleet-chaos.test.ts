@@ -3,11 +3,11 @@ import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { FleetDeps } from '../../src/pods/fleet-deps.js';
 import { jobIds, sendEvent } from '../../src/pods/queues.js';
+import { type Harness, jobScript, planFor, uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs, sbatch } from '../../tools/sandbox/slurm.js';
+import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../../tools/sandbox/worker-process.js';
 import { firstOkAfter, prober } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, privateRedis, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
-import { type Harness, jobScript, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch } from '../fixtures/slurm.js';
-import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 const DB = 4;
 

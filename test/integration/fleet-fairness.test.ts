@@ -1,5 +1,8 @@
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs, scancel } from '../../tools/sandbox/slurm.js';
+import { killWorkers, type WorkerProcess } from '../../tools/sandbox/worker-process.js';
 import { timelines } from '../fixtures/fault-probes.js';
 import {
   controlAndSession,
@@ -8,9 +11,6 @@ import {
   processFleetSite,
   submitPod,
 } from '../fixtures/fleet-harness.js';
-import { uid, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, scancel } from '../fixtures/slurm.js';
-import { killWorkers, type WorkerProcess } from '../fixtures/worker-process.js';
 
 const DB = 10;
 

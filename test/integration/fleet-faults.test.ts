@@ -8,6 +8,25 @@ import { POD_STATES, type PodStateName } from '../../src/machines/pod-machine.js
 import { sendEvent } from '../../src/pods/queues.js';
 import { EVENT_REASONS } from '../../src/render/kube-events.js';
 import { ANNOTATION } from '../../src/spec/annotations.js';
+import { NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
+import {
+  echoServer,
+  exists,
+  planFor,
+  trapLessJobScript,
+  uid,
+  userProcesses,
+  waitFor,
+} from '../../tools/sandbox/shadow-harness.js';
+import {
+  cancelSubmittedJobs,
+  jobState,
+  killJobProcesses,
+  sbatch,
+  scancel,
+  scontrol,
+} from '../../tools/sandbox/slurm.js';
+import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../../tools/sandbox/worker-process.js';
 import {
   allActive,
   timelines as allTimelines,
@@ -27,18 +46,6 @@ import {
   waitForPodState,
 } from '../fixtures/fleet-harness.js';
 import { kubeHarness } from '../fixtures/kube-harness.js';
-import { NO_CLUSTER_CHECKS } from '../fixtures/loopback-site.js';
-import {
-  echoServer,
-  exists,
-  planFor,
-  trapLessJobScript,
-  uid,
-  userProcesses,
-  waitFor,
-} from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, jobState, killJobProcesses, sbatch, scancel, scontrol } from '../fixtures/slurm.js';
-import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 /**
  * Faults on the loopback site with the fleet's own processes (a control worker and session hosts,

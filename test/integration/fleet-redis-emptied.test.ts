@@ -5,14 +5,14 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { FleetDeps } from '../../src/pods/fleet-deps.js';
 import { ANNOTATION } from '../../src/spec/annotations.js';
 import { NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
+import { jobScript, planFor, waitFor } from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs, sbatch, scontrol } from '../../tools/sandbox/slurm.js';
+import { freePort } from '../../tools/sandbox/sshd.js';
+import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../../tools/sandbox/worker-process.js';
 import { failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, processFleetSite } from '../fixtures/fleet-harness.js';
 import { type KubeHarness, kubeHarness, reversePod, VIRTUAL_NODE } from '../fixtures/kube-harness.js';
 import { RedisServer } from '../fixtures/redis-server.js';
-import { jobScript, planFor, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch, scontrol } from '../fixtures/slurm.js';
-import { freePort } from '../fixtures/sshd.js';
-import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 /**
  * Redis restarted with none of its data (a Redis pod rescheduled without its volume; a replica promoted

@@ -5,13 +5,13 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { FleetDeps } from '../../src/pods/fleet-deps.js';
 import { sendEvent } from '../../src/pods/queues.js';
 import { createRedis } from '../../src/store/redis.js';
+import { uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs } from '../../tools/sandbox/slurm.js';
+import { freePort } from '../../tools/sandbox/sshd.js';
+import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../../tools/sandbox/worker-process.js';
 import { allActive, failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { RedisServer } from '../fixtures/redis-server.js';
-import { uid, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs } from '../fixtures/slurm.js';
-import { freePort } from '../fixtures/sshd.js';
-import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 describe('Redis restarts or hangs while pods are active', () => {
   let site: ProcessFleetSite;

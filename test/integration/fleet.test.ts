@@ -6,7 +6,6 @@ import type { RunningFleet } from '../../src/fleet/fleet.js';
 import { registry } from '../../src/metrics/fleet-metrics.js';
 import { parseSiteConfig } from '../../src/spec/site-config.js';
 import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
-import { inProcessFleet, privateRedis, upsert, waitForPodState } from '../fixtures/fleet-harness.js';
 import {
   echoServer,
   exists,
@@ -17,8 +16,9 @@ import {
   planFor,
   uid,
   workload,
-} from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch, scancel, waitForState } from '../fixtures/slurm.js';
+} from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs, sbatch, scancel, waitForState } from '../../tools/sandbox/slurm.js';
+import { inProcessFleet, privateRedis, upsert, waitForPodState } from '../fixtures/fleet-harness.js';
 
 const DB = 3;
 

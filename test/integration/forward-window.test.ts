@@ -9,8 +9,6 @@ import { BASE_WINDOW, DEFAULT_MAX_WINDOW, windowForRtt } from '../../src/ssh/cha
 import { openSiteAccess } from '../../src/ssh/site-access.js';
 import { type DelayProxy, startDelayProxy } from '../../tools/sandbox/delay-proxy.js';
 import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS, startLoopbackSite } from '../../tools/sandbox/loopback-site.js';
-import { cancelSubmittedJobs, SLURM_NODE, sbatch } from '../../tools/sandbox/slurm.js';
-import { knownHostsFile } from '../../tools/sandbox/sshd.js';
 import {
   type Harness,
   jobScript,
@@ -20,7 +18,9 @@ import {
   startSession,
   uid,
   waitForForwards,
-} from '../fixtures/shadow-harness.js';
+} from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs, SLURM_NODE, sbatch } from '../../tools/sandbox/slurm.js';
+import { knownHostsFile } from '../../tools/sandbox/sshd.js';
 
 /**
  * The window a shadow session advertises, seen from the sshds that receive it (issue 26): the session

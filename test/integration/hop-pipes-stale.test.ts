@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HopPipeServer, removeStalePipeDirs } from '../../src/ssh/hop-pipes.js';
-import { ensureUser, OTHER_USER } from '../fixtures/users.js';
+import { ensureUser, OTHER_USER } from '../../tools/sandbox/users.js';
 
 /**
  * A session host killed outright (kill -9, the OOM killer) never removes its pipe dir; the next one to

@@ -5,7 +5,7 @@ import { openDirectTcpip } from '../../src/ssh/direct-tcpip.js';
 import { verifyHostKey } from '../../src/ssh/known-hosts.js';
 import { openSiteAccess, type SiteAccess } from '../../src/ssh/site-access.js';
 import { connectSsh } from '../../src/ssh/ssh-connect.js';
-import { type LoopbackSite, startLoopbackSite } from '../fixtures/loopback-site.js';
+import { type LoopbackSite, startLoopbackSite } from '../../tools/sandbox/loopback-site.js';
 
 /**
  * Keepalives as OpenSSH's ServerAliveInterval sends them (patches/ssh2+1.17.0.patch): only after an

@@ -7,7 +7,7 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { parseSiteConfigYaml } from '../../src/spec/site-config.js';
-import { type LoopbackSite, startLoopbackSite } from '../fixtures/loopback-site.js';
+import { type LoopbackSite, startLoopbackSite } from '../../tools/sandbox/loopback-site.js';
 import {
   cancelSubmittedJobs,
   ensureSlurm,
@@ -21,9 +21,17 @@ import {
   srunInJob,
   stepsOf,
   waitForState,
-} from '../fixtures/slurm.js';
-import { isAlive, knownHostsText, startSshd } from '../fixtures/sshd.js';
-import { ensureUser, JOB_USER, OTHER_USER, type RunResult, runAs, spawnAs, type TestUser } from '../fixtures/users.js';
+} from '../../tools/sandbox/slurm.js';
+import { isAlive, knownHostsText, startSshd } from '../../tools/sandbox/sshd.js';
+import {
+  ensureUser,
+  JOB_USER,
+  OTHER_USER,
+  type RunResult,
+  runAs,
+  spawnAs,
+  type TestUser,
+} from '../../tools/sandbox/users.js';
 
 /**
  * The loopback test site itself (test/fixtures/{slurm,sshd,loopback-site}.ts): real Slurm, real

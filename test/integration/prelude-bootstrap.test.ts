@@ -8,7 +8,7 @@ import { renderPrelude } from '../../src/render/prelude.js';
 import { BOOTSTRAP_EXIT, type BootstrapInput, carrierPaths, renderBootstrap } from '../../src/render/userspace-sshd.js';
 import { socketDir } from '../../src/spec/derivations.js';
 import { freePort } from '../../tools/sandbox/sshd.js';
-import { ensureUser, JOB_USER, OTHER_USER, runAs, spawnAs, type TestUser } from '../fixtures/users.js';
+import { ensureUser, JOB_USER, OTHER_USER, runAs, spawnAs, type TestUser } from '../../tools/sandbox/users.js';
 import { KEYS, requestFor } from '../unit/render-fixtures.js';
 import { eventually, gone, STATE_SNIPPET, startScript, uniqueUid } from './script-runner.js';
 

@@ -19,9 +19,9 @@ import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { type PreludeRequest, type PreludeSettings, renderPrelude } from '../../src/render/prelude.js';
 import { bindAddress, socketDir } from '../../src/spec/derivations.js';
+import { ensureUser, JOB_USER, OTHER_USER, runAs, type TestUser } from '../../tools/sandbox/users.js';
 import { FakeApiServer } from '../fixtures/fake-apiserver.js';
 import { makeCa, makeServerCert } from '../fixtures/test-pki.js';
-import { ensureUser, JOB_USER, OTHER_USER, runAs, type TestUser } from '../fixtures/users.js';
 import { requestFor } from '../unit/render-fixtures.js';
 import {
   deliverRelay,

@@ -2,12 +2,12 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { FleetDeps } from '../../src/pods/fleet-deps.js';
+import { uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs } from '../../tools/sandbox/slurm.js';
+import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../../tools/sandbox/worker-process.js';
 import { allActive, failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { SentinelSet } from '../fixtures/redis-sentinel.js';
-import { uid, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs } from '../fixtures/slurm.js';
-import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 /**
  * The fleet on Redis with Sentinel (a master, two replicas, three sentinels), through

@@ -5,13 +5,19 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRedis } from '../../src/store/redis.js';
+import { uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs } from '../../tools/sandbox/slurm.js';
+import { freePort } from '../../tools/sandbox/sshd.js';
+import {
+  BIN,
+  killWorkers,
+  startWorker,
+  type WorkerProcess,
+  workerStarted,
+} from '../../tools/sandbox/worker-process.js';
 import { allActive } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
-import { uid, waitFor } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs } from '../fixtures/slurm.js';
-import { freePort } from '../fixtures/sshd.js';
 import { makeCa, makeServerCert, type PemPair } from '../fixtures/test-pki.js';
-import { BIN, killWorkers, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 const run = promisify(execFile);
 

@@ -2,7 +2,7 @@ import { execFile } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
-import { PYTHON } from '../fixtures/shadow-harness.js';
+import { PYTHON } from '../../tools/sandbox/shadow-harness.js';
 
 const execFileAsync = promisify(execFile);
 const PEER = fileURLToPath(new URL('../../bench/relay_owner_peer.py', import.meta.url));

@@ -7,7 +7,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { bindAddress } from '../../src/spec/derivations.js';
-import { ensureUser, JOB_USER, OTHER_USER, runAs, spawnAs, type TestUser } from '../fixtures/users.js';
+import { ensureUser, JOB_USER, OTHER_USER, runAs, spawnAs, type TestUser } from '../../tools/sandbox/users.js';
 
 /**
  * The relay (src/render/relay.py) against real processes: real TCP listeners on loopback, real unix

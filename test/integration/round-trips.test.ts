@@ -5,8 +5,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sshCryptoPath } from '../../src/ssh/crypto-path.js';
-import { type LoopbackSite, startLoopbackSite } from '../fixtures/loopback-site.js';
-import { echoServer } from '../fixtures/shadow-harness.js';
+import { type LoopbackSite, startLoopbackSite } from '../../tools/sandbox/loopback-site.js';
+import { echoServer } from '../../tools/sandbox/shadow-harness.js';
 
 /**
  * A round trip through the tunnel must not wait for a delayed ACK. Before ssh2's native binding was

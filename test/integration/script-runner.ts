@@ -6,7 +6,7 @@ import { chmod, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promis
 import { join } from 'node:path';
 import { type RelayDelivery, renderDeliverRelay } from '../../src/render/relay-delivery.js';
 import { relaySource } from '../../src/render/relay-source.js';
-import { runAs, spawnAs, type TestUser, userEnv } from '../fixtures/users.js';
+import { runAs, spawnAs, type TestUser, userEnv } from '../../tools/sandbox/users.js';
 
 /**
  * Runs generated scripts as an unprivileged user and lets a test look at them while they run: the

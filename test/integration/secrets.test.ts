@@ -7,10 +7,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sendEvent } from '../../src/pods/queues.js';
 import { createRedis } from '../../src/store/redis.js';
 import { type RedisServer, startRedisServer } from '../../tools/demo/redis.js';
+import { uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
+import { freePort } from '../../tools/sandbox/sshd.js';
+import { BIN, startWorker, type WorkerProcess, workerStarted } from '../../tools/sandbox/worker-process.js';
 import { type ProcessFleetSite, processFleetSite } from '../fixtures/fleet-harness.js';
-import { uid, waitFor } from '../fixtures/shadow-harness.js';
-import { freePort } from '../fixtures/sshd.js';
-import { BIN, startWorker, type WorkerProcess, workerStarted } from '../fixtures/worker-process.js';
 
 const run = promisify(execFile);
 

@@ -20,9 +20,9 @@ import {
   uid,
   waitFor,
   waitForForwards,
-} from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch, scancel, waitForState } from '../fixtures/slurm.js';
-import { runAs } from '../fixtures/users.js';
+} from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs, sbatch, scancel, waitForState } from '../../tools/sandbox/slurm.js';
+import { runAs } from '../../tools/sandbox/users.js';
 
 /** A server that answers every connection with its own name: shows which endpoint a socket reached. */
 async function nameServer(name: string): Promise<{ server: Server; port: number }> {

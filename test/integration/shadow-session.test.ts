@@ -22,7 +22,7 @@ import {
   waitFor,
   waitForForwards,
   workload,
-} from '../fixtures/shadow-harness.js';
+} from '../../tools/sandbox/shadow-harness.js';
 import {
   cancelSubmittedJobs,
   jobState,
@@ -31,7 +31,7 @@ import {
   scancel,
   stepsOf,
   waitForState,
-} from '../fixtures/slurm.js';
+} from '../../tools/sandbox/slurm.js';
 
 describe.each([
   ['node', {}],

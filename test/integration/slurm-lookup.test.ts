@@ -3,8 +3,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { squeueQueries } from '../../src/metrics/fleet-metrics.js';
 import type { LoginLease } from '../../src/ssh/login-pool.js';
 import { findPodJob, jobLookup } from '../../src/ssh/slurm-queries.js';
-import { type Harness, harness, uid } from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch, waitForState } from '../fixtures/slurm.js';
+import { type Harness, harness, uid } from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs, sbatch, waitForState } from '../../tools/sandbox/slurm.js';
 
 /**
  * Pods' jobs are found with one squeue per login connection and user for all the lookups asked at once

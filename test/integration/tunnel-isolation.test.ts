@@ -4,6 +4,15 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { restorePod } from '../../src/machines/pod-machine.js';
 import { ANNOTATION } from '../../src/spec/annotations.js';
 import { NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
+import { PYTHON, planFor, uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
+import {
+  cancelSubmittedJobs,
+  privateNodeTracking,
+  SLURM_PRIVATE_NODE,
+  SLURM_PRIVATE_PARTITION,
+} from '../../tools/sandbox/slurm.js';
+import { ensureUser, OTHER_USER, spawnAs } from '../../tools/sandbox/users.js';
+import { killWorkers, type WorkerProcess } from '../../tools/sandbox/worker-process.js';
 import {
   controlAndSession,
   type ProcessFleetSite,
@@ -12,15 +21,6 @@ import {
   submitPod,
 } from '../fixtures/fleet-harness.js';
 import { type KubeHarness, kubeHarness } from '../fixtures/kube-harness.js';
-import { PYTHON, planFor, uid, waitFor } from '../fixtures/shadow-harness.js';
-import {
-  cancelSubmittedJobs,
-  privateNodeTracking,
-  SLURM_PRIVATE_NODE,
-  SLURM_PRIVATE_PARTITION,
-} from '../fixtures/slurm.js';
-import { ensureUser, OTHER_USER, spawnAs } from '../fixtures/users.js';
-import { killWorkers, type WorkerProcess } from '../fixtures/worker-process.js';
 
 const DB = 11;
 const DB_PER_JOB = 9;

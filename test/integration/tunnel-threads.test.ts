@@ -18,8 +18,8 @@ import {
   userProcesses,
   waitFor,
   workload,
-} from '../fixtures/shadow-harness.js';
-import { cancelSubmittedJobs, jobState, sbatch, scancel, stepsOf, waitForState } from '../fixtures/slurm.js';
+} from '../../tools/sandbox/shadow-harness.js';
+import { cancelSubmittedJobs, jobState, sbatch, scancel, stepsOf, waitForState } from '../../tools/sandbox/slurm.js';
 
 /**
  * Shadows in tunnel threads (src/ssh/tunnel-threads.ts): a worker thread runs the carrier and the

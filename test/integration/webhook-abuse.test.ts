@@ -3,11 +3,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connect, type TLSSocket } from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort } from '../../tools/sandbox/sshd.js';
+import { startWorker, type WorkerProcess, writeConfig } from '../../tools/sandbox/worker-process.js';
 import { podReview } from '../fixtures/admission-reviews.js';
 import { containerOf, renderOverlay, SITE_ADDRESSES } from '../fixtures/kustomize.js';
-import { freePort } from '../fixtures/sshd.js';
 import { makeCa, makeServerCert, type PemPair } from '../fixtures/test-pki.js';
-import { startWorker, type WorkerProcess, writeConfig } from '../fixtures/worker-process.js';
 
 const webhookContainer = containerOf(renderOverlay('bundled-redis', SITE_ADDRESSES), 'backhaul-webhook');
 

@@ -8,7 +8,7 @@ import { verifyHostKey } from '../../src/ssh/known-hosts.js';
 import { openSiteAccess, type SiteAccess } from '../../src/ssh/site-access.js';
 import { connectSsh, tcpSocketOf } from '../../src/ssh/ssh-connect.js';
 import { isCoalesced } from '../../src/ssh/write-coalescing.js';
-import { type LoopbackSite, startLoopbackSite } from '../fixtures/loopback-site.js';
+import { type LoopbackSite, startLoopbackSite } from '../../tools/sandbox/loopback-site.js';
 
 /**
  * What a node carrier writes in one turn of the event loop reaches the login socket as one write

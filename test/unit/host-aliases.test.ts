@@ -5,7 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { parseSiteConfig } from '../../src/spec/site-config.js';
 import { dialAddress } from '../../src/ssh/host-aliases.js';
 import { ReverseForwards } from '../../src/ssh/reverse-forwards.js';
-import { loopbackDialer } from '../fixtures/dial-rules.js';
+import { loopbackDialer } from '../../tools/sandbox/dial-rules.js';
 
 const SITE = { Network: { SSH: { LoginHost: 'login', User: 'u', KeyFile: '/k', KnownHostsFile: '/kh' } } };
 

@@ -119,6 +119,24 @@ describe('the import graph of src/', () => {
     expect(cited.length).toBeGreaterThan(20);
   });
 
+  it('keeps the test support in one place: tools/ and bench/ never import test/, test/fixtures re-exports nothing', () => {
+    const root = fileURLToPath(new URL('../../', import.meta.url));
+    const test = join(root, 'test');
+    const wrong: string[] = [];
+    for (const dir of ['tools', 'bench']) {
+      for (const file of sourceFiles(join(root, dir))) {
+        for (const target of importsOf(file)) {
+          if (target.startsWith(`${test}/`)) wrong.push(`${relative(root, file)} → ${relative(root, target)}`);
+        }
+      }
+    }
+    for (const file of sourceFiles(join(test, 'fixtures'))) {
+      if (/^export \* from /m.test(readFileSync(file, 'utf8'))) wrong.push(`${relative(root, file)} is a re-export`);
+    }
+    expect(wrong).toEqual([]);
+    expect(sourceFiles(join(root, 'bench')).length).toBeGreaterThan(10);
+  });
+
   it('reads the imports it judges (a check that finds none would pass anything)', () => {
     const workerImports = [...graph.entries()]
       .filter(([file]) => unitOf(file) === 'workers')

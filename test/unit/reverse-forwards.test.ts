@@ -2,7 +2,7 @@ import { createServer } from 'node:net';
 import { Client } from 'ssh2';
 import { describe, expect, it } from 'vitest';
 import { ReverseForwards } from '../../src/ssh/reverse-forwards.js';
-import { loopbackDialer } from '../fixtures/dial-rules.js';
+import { loopbackDialer } from '../../tools/sandbox/dial-rules.js';
 
 describe('ReverseForwards', () => {
   it('rejects a connection for a socket path it did not declare, without dialing anything', async () => {

@@ -1,6 +1,10 @@
 import { readdir, stat } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
+import type { Redis } from 'ioredis';
+import { EventStream } from '../../src/pods/event-stream.js';
 import type { FleetDeps } from '../../src/pods/fleet-deps.js';
+import { QUEUE_NAMES } from '../../src/pods/queues.js';
+import { DEFAULT_KEY_PREFIX, RedisKeys } from '../../src/store/keys.js';
 import type { LoopbackSite } from '../sandbox/loopback-site.js';
 import { descendantsOf, processTable } from '../sandbox/processes.js';
 import { jobState, stepsOf, TERMINAL_STATES } from '../sandbox/slurm.js';
@@ -9,7 +13,8 @@ import type { DemoPod } from './stack.js';
 
 /**
  * What a pod may leave behind (ARCHITECTURE.md §7: no stale socket, process, lease or Redis key after
- * teardown), checked from the outside: the node's files, the process table, Slurm and Redis.
+ * teardown), checked from the outside: the node's files, the process table, Slurm and Redis. The one
+ * leftovers checker of the demo and the tests.
  */
 export interface Check {
   what: string;
@@ -46,18 +51,15 @@ async function exists(path: string): Promise<boolean> {
 
 /** Redis: the pod's record, indexes and lease are gone; its history stays (and expires). */
 async function redisKeys({ deps, pod }: LeftoverScope): Promise<Check> {
-  const problems: string[] = [];
-  let cursor = '0';
-  do {
-    const [next, keys] = await deps.redis.scan(cursor, 'MATCH', `${deps.keys.prefix}*${pod.uid}*`, 'COUNT', 1000);
-    cursor = next;
-    problems.push(...keys.filter((k) => k !== deps.keys.history(pod.uid)).map((k) => `key ${k}`));
-  } while (cursor !== '0');
+  const history = deps.keys.history(pod.uid);
+  const problems = (await keysNaming(deps.redis, pod.uid, `${deps.keys.prefix}*${pod.uid}*`))
+    .filter((k) => k !== history)
+    .map((k) => `key ${k}`);
   if ((await deps.redis.zscore(deps.keys.pods(), pod.uid)) !== null) problems.push(`${deps.keys.pods()} lists it`);
   if (await deps.redis.hexists(deps.keys.podsByName(), `${pod.namespace}/${pod.name}`))
     problems.push(`${deps.keys.podsByName()} names it`);
-  if ((await deps.redis.exists(deps.keys.history(pod.uid))) === 0) problems.push('its history is gone too');
-  return { what: `Redis: no key of the pod but its history (${deps.keys.history(pod.uid)})`, problems };
+  if ((await deps.redis.exists(history)) === 0) problems.push('its history is gone too');
+  return { what: `Redis: no key of the pod but its history (${history})`, problems };
 }
 
 async function lease({ deps, pod }: LeftoverScope): Promise<Check> {
@@ -68,22 +70,13 @@ async function lease({ deps, pod }: LeftoverScope): Promise<Check> {
   };
 }
 
-/**
- * Nothing of the pod waiting, running or delayed: BullMQ's steps and shadows (finished jobs are kept a
- * while, by design), and events in the stream not yet applied, or buried.
- */
+/** Nothing of the pod in the queues: no job (waiting, running, delayed or finished), no event not applied or buried. */
 async function queuedJobs({ deps, pod }: LeftoverScope): Promise<Check> {
-  const problems: string[] = [];
-  const pending = ['wait', 'active', 'delayed', 'prioritized', 'waiting-children'] as const;
-  for (const queue of [deps.queues.steps, deps.queues.sessions]) {
-    for (const job of await queue.getJobs([...pending], 0, -1)) {
-      const data = job?.data as { uid?: string } | undefined;
-      if (data?.uid === pod.uid) problems.push(`${queue.name} job ${job.id} (${await job.getState()})`);
-    }
-  }
-  for (const e of await deps.queues.events.waiting(pod.uid)) problems.push(`event ${e.id} not applied: ${e.event}`);
-  for (const e of await deps.queues.events.dead(pod.uid)) problems.push(`event ${e.id} buried: ${e.reason}`);
-  return { what: 'no queued, running or delayed job or event of the pod', problems };
+  const problems = await queueEntriesNaming(deps.redis, pod.uid, {
+    bullPrefix: deps.bullPrefix ?? 'bull',
+    keyPrefix: deps.keys.prefix,
+  });
+  return { what: 'no job or event of the pod in the queues', problems };
 }
 
 async function socketFiles({ pod }: LeftoverScope): Promise<Check> {
@@ -165,4 +158,65 @@ export async function settle(checks: () => Promise<Check[]>, ms: number): Promis
 
 export function failed(checks: readonly Check[]): string[] {
   return checks.flatMap((c) => c.problems.map((p) => `${c.what}: ${p}`));
+}
+
+/** Every key whose name contains `needle` (SCAN, not KEYS). */
+export async function keysNaming(redis: Redis, needle: string, match = `*${needle}*`): Promise<string[]> {
+  const found: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', match, 'COUNT', 1000);
+    cursor = next;
+    found.push(...keys);
+  } while (cursor !== '0');
+  return [...new Set(found)].sort();
+}
+
+/** BullMQ structures whose entries are job ids: lists, sorted sets and sets. */
+const ID_LISTS = ['wait', 'active', 'paused'];
+const ID_ZSETS = ['delayed', 'prioritized', 'completed', 'failed', 'waiting-children'];
+const ID_SETS = ['stalled'];
+
+/**
+ * Where the fleet's queues still know the pod: BullMQ job ids (which carry the uid) in the queues' lists
+ * and sets, job hashes whose data names the uid, and entries of the events stream (waiting, or
+ * delivered and not acknowledged) or its dead letters. Returns `<key> <member>` lines. BullMQ's own
+ * `:events` streams are left out: they are capped by BullMQ (maxLenEvents) and roll over by themselves.
+ */
+export async function queueEntriesNaming(
+  redis: Redis,
+  uid: string,
+  { bullPrefix = 'bull', keyPrefix = DEFAULT_KEY_PREFIX }: { bullPrefix?: string; keyPrefix?: string } = {},
+): Promise<string[]> {
+  const queues = Object.values(QUEUE_NAMES);
+  const prefix = bullPrefix;
+  const stream = new EventStream(redis, new RedisKeys(keyPrefix));
+  const found = [
+    ...(await stream.waiting(uid)).map((e) => `${stream.key} ${e.id}`),
+    ...(await stream.dead(uid)).map((e) => `${stream.deadKey} ${e.id}`),
+  ];
+  for (const queue of queues) {
+    const base = `${prefix}:${queue}`;
+    for (const list of ID_LISTS) {
+      for (const id of await redis.lrange(`${base}:${list}`, '0', '-1')) {
+        if (id.includes(uid) || (await jobNames(redis, base, id, uid))) found.push(`${base}:${list} ${id}`);
+      }
+    }
+    for (const zset of ID_ZSETS) {
+      for (const id of await redis.zrange(`${base}:${zset}`, '0', '-1')) {
+        if (id.includes(uid) || (await jobNames(redis, base, id, uid))) found.push(`${base}:${zset} ${id}`);
+      }
+    }
+    for (const set of ID_SETS) {
+      for (const id of await redis.smembers(`${base}:${set}`)) {
+        if (id.includes(uid)) found.push(`${base}:${set} ${id}`);
+      }
+    }
+  }
+  return found;
+}
+
+async function jobNames(redis: Redis, base: string, id: string, uid: string): Promise<boolean> {
+  const data = await redis.hget(`${base}:${id}`, 'data');
+  return data?.includes(uid) ?? false;
 }

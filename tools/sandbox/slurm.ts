@@ -271,3 +271,34 @@ export async function cancelSubmittedJobs(timeoutMs = 20_000): Promise<void> {
     submitted.delete(jobId);
   }
 }
+
+/** `scontrol ARGS...` as root, e.g. `['release', jobId]`; throws with scontrol's stderr. */
+export async function scontrol(args: readonly string[]): Promise<void> {
+  try {
+    await execFileAsync('scontrol', [...args], { timeout: 30_000 });
+  } catch (error) {
+    const e = error as { stderr?: string; message: string };
+    throw new Error(`scontrol ${args.join(' ')} failed: ${e.stderr?.trim() || e.message}`);
+  }
+}
+
+/**
+ * SIGKILLs every process of the job (`scontrol listpids`), as the OOM killer or KillWait's SIGKILL do:
+ * no trap runs. Resolves with the pids killed.
+ */
+export async function killJobProcesses(jobId: string): Promise<number[]> {
+  const { stdout } = await execFileAsync('scontrol', ['listpids', jobId], { timeout: 30_000 });
+  const pids = stdout
+    .split('\n')
+    .slice(1)
+    .map((line) => Number(line.trim().split(/\s+/)[0]))
+    .filter((pid) => Number.isInteger(pid) && pid > 1);
+  for (const pid of pids) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+  }
+  return pids;
+}
