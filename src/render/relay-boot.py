@@ -1,7 +1,8 @@
 # backhaul relay boot: what every prelude carries (ARCHITECTURE.md 3.4, 3.5). Python >= 3.6, stdlib only.
 # prepare --uid=U --socket-root=R [--private] --shell=PID: checks U, makes the socket dir (with --private
 #   the root too) the user's own and 0700, removes stale sockets, makes relay.fifo, writes job-shell.pid,
-#   hosts and, from B (the source the prelude's wrapper decompressed), relay-boot.py; prints the dir.
+#   hosts, slurm-job (SLURM_JOB_ID) and, from B (the source the prelude's wrapper decompressed), relay-boot.py;
+#   prints the dir.
 # serve --uid=U --socket-dir=D --forward='[G:]PORT[=SOCKET] ...' [--bind=A]... [--job-only] [--foreground]:
 #   binds each address group, prints 'ready <addresses>' (also to descriptor 3, then closed, unless
 #   --foreground), then holds the listeners, closing what connects, until the fleet delivers
@@ -73,7 +74,8 @@ def prepare(o):
             os.unlink(d + "/" + name)
     if not os.path.exists(d + "/relay.fifo"):  # the shell reads the ready line from it
         os.mkfifo(d + "/relay.fifo")
-    files = {"job-shell.pid": o["--shell"] + "\n", "hosts": open("/etc/hosts").read() if os.path.isfile("/etc/hosts") else ""}
+    files = {"job-shell.pid": o["--shell"] + "\n", "hosts": open("/etc/hosts").read() if os.path.isfile("/etc/hosts") else "",
+             "slurm-job": os.environ.get("SLURM_JOB_ID", "") + "\n"}  # for the site's epilog: backhaul render epilog
     if "B" in globals():  # ps shows the serve step as relay-boot.py, not as this text
         files["relay-boot.py"] = B.decode()
     for name, text in files.items():

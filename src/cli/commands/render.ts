@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { renderEpilog } from '../../render/epilog.js';
 import { renderPrelude } from '../../render/prelude.js';
 import { bootSource } from '../../render/relay-source.js';
 import { renderSessionPlan } from '../../render/session-plan.js';
@@ -39,6 +40,18 @@ export function registerRender(program: Command): void {
     )
     .action(() => {
       process.stdout.write(`${bootSource()}\n`);
+    });
+  render
+    .command('epilog')
+    .description(
+      "print a Slurm Epilog script for the compute nodes: it removes the socket dir of a job whose prelude's trap did not run (KillWait's SIGKILL, the OOM killer)",
+    )
+    .option('-c, --config <file>', 'site configuration (default: $BACKHAUL_CONFIG)')
+    .action(async (opts: ConfigOption) => {
+      const site = await loadSiteConfig(opts);
+      process.stdout.write(
+        renderEpilog({ user: site.Network.SSH.User, socketRoot: site.Network.SSH.Reverse.SocketRoot }),
+      );
     });
   render
     .command('plan')
