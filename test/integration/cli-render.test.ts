@@ -88,6 +88,16 @@ describe.concurrent('backhaul render', () => {
     expect(boot.stdout).toContain('def serve(o):');
   });
 
+  it('prints the Slurm epilog for the site: its user and socket root, %u replaced', async () => {
+    const run = await backhaul(['render', 'epilog', '--config', `${EXAMPLES}site-srun.yaml`]);
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stdout).toMatch(/^#!\/bin\/sh\n/);
+    expect(run.stdout).toContain("\nuser='interlink'\n");
+    expect(run.stdout).toContain("\nroot='/tmp/backhaul-interlink'\n");
+    const check = await shellcheck(run.stdout);
+    expect(check.stdout).toBe('');
+  });
+
   it.each([
     ['node', 'node'],
     ['userspace', 'userspace'],
