@@ -1,3 +1,4 @@
+// biome-ignore-all lint/suspicious/noTemplateCurlyInString: these strings are shell code; ${...} is shell parameter expansion.
 import { shellQuote } from './shell-quote.js';
 
 /** The file the relay boot writes into each job's socket dir: the job's SLURM_JOB_ID. */
