@@ -34,12 +34,12 @@
  * Reports, deadlines and step results of another generation are ignored: no transition, no effects.
  */
 import { type AnyActorScope, and, assign, createActor, type StateValue, setup } from 'xstate';
+import { isSiteWide } from './error-kinds.js';
 import {
   deadlineTimeout,
   errorOf,
   hasBudget,
   isCurrent,
-  isSiteWide,
   isStep,
   nextLaunch,
   podChanged,
@@ -249,7 +249,7 @@ export const podMachine = setup({
     isCurrentStep: ({ context, event }, params: { step: StepName }) =>
       isStep(event, params.step) && isCurrent(context, event),
     isPermanent: ({ context, event }) => errorOf(context, event).permanent,
-    // The site out of reach spends no launch: the pod waits for it (pod-rules.ts SITE_WIDE_ERRORS).
+    // The site out of reach spends no launch: the pod waits for it (a site-wide error: error-kinds.ts).
     hasBudget: ({ context, event }) => hasBudget(context) || isSiteWide(errorOf(context, event)),
     podChanged: ({ context, event }) => event.type === 'POD_UPSERT' && podChanged(context, event),
     reportAddsInfo: ({ context, event }) => reportAddsInfo(context, event),

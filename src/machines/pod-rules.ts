@@ -1,3 +1,4 @@
+import { isSiteWide, podError } from './error-kinds.js';
 /**
  * The pod machine's rules as plain functions of (context, event): which reports are current, how long
  * to back off, what error a failure event means. Pure; the statechart in pod-machine.ts names them.
@@ -68,25 +69,17 @@ export function errorOf(context: PodContext, event: PodEvent): PodError {
     case 'SESSION_FAILED':
       return event.error;
     case 'STEP_FAILED':
-      return event.error ?? { kind: `${event.step}-failed`, message: `step ${event.step} failed`, permanent: false };
+      return event.error ?? podError(`${event.step}-failed`, `step ${event.step} failed`);
     case 'CARRIER_LOST':
-      return { kind: 'carrier-lost', message: event.reason, permanent: false };
+      return podError('carrier-lost', event.reason);
     case 'DEADLINE':
       if (event.name === 'waitingBatchHost') {
         // Waiting again would only wait as long again: the job did not get a node in time.
-        return {
-          kind: 'node-wait-timeout',
-          message: `the job got no batch host within ${context.nodeWaitTimeoutMs} ms`,
-          permanent: true,
-        };
+        return podError('node-wait-timeout', `the job got no batch host within ${context.nodeWaitTimeoutMs} ms`);
       }
-      return {
-        kind: 'deadline',
-        message: `${event.name} did not finish within ${deadlineTimeout(context, event.name)} ms`,
-        permanent: false,
-      };
+      return podError('deadline', `${event.name} did not finish within ${deadlineTimeout(context, event.name)} ms`);
     default:
-      return { kind: 'unexpected', message: `${event.type} is not a failure`, permanent: false };
+      return podError('unexpected', `${event.type} is not a failure`);
   }
 }
 
@@ -112,18 +105,10 @@ export function hasBudget(context: PodContext): boolean {
 }
 
 /**
- * Error kinds that say the site is out of reach (the login node, or slurmctld behind it), not this pod's
- * job or node: a login node rebooting fails every pod at once, and must not use up their relaunches.
- * The pod relaunches without spending one, backing off up to SITE_BACKOFF_MAX_MS, until the site answers.
+ * The longest wait between two launches while the site is out of reach (a site-wide error, which spends
+ * no launch: error-kinds.ts): short, so pods come back soon after it.
  */
-export const SITE_WIDE_ERRORS: ReadonlySet<string> = new Set(['login-unreachable', 'slurm-unreachable']);
-
-/** The longest wait between two launches while the site is out of reach: short, so pods come back soon after it. */
 export const SITE_BACKOFF_MAX_MS = 30_000;
-
-export function isSiteWide(error: Pick<PodError, 'kind'> & { permanent?: boolean }): boolean {
-  return error.permanent !== true && SITE_WIDE_ERRORS.has(error.kind);
-}
 
 /** Launches and backoff of the next launch, after the event that ended the last one (or started the first). */
 export function nextLaunch(context: PodContext, cause: PodEvent): { attempts: number; backoffMs: number } {

@@ -1,9 +1,10 @@
 /**
  * Runtime checks for what crosses a boundary into the pod machine: its input, stored snapshots and
- * events arriving as JSON in queue jobs. The types in pod-types.ts are the contract; these schemas are
+ * events arriving as JSON from the events stream. The types in pod-types.ts are the contract; these schemas are
  * checked against them at compile time.
  */
 import { z } from 'zod';
+import { ERROR_KIND_NAMES } from './error-kinds.js';
 import {
   DEADLINE_NAMES,
   POD_STATES,
@@ -40,7 +41,8 @@ export const podInputSchema = z
 const relayAddresses = z.array(z.string().min(1).max(15)).min(1).max(64);
 const isolation = z.object({ relay: z.enum(['job', 'user']), sockets: z.enum(['job', 'user']) });
 
-const podError = z.object({ kind: z.string(), message: z.string(), permanent: z.boolean() });
+const errorKind = z.enum(ERROR_KIND_NAMES);
+const podError = z.object({ kind: errorKind, message: z.string(), permanent: z.boolean() });
 
 export const podContextSchema = z.object({
   uid: text,
@@ -56,7 +58,7 @@ export const podContextSchema = z.object({
   host: z.string().nullable(),
   jobId: z.string().nullable(),
   batchHost: z.string().nullable(),
-  lastError: z.object({ kind: z.string(), message: z.string(), at: ms }).nullable(),
+  lastError: z.object({ kind: errorKind, message: z.string(), at: ms }).nullable(),
   forwardsReadyAt: ms.nullable(),
   relayAddresses: relayAddresses.optional(),
   isolation: isolation.optional(),

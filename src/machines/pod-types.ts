@@ -1,3 +1,6 @@
+import type { ErrorKind, PodError } from './error-kinds.js';
+
+export type { PodError };
 /**
  * The vocabulary of one pod's reverse setup (ARCHITECTURE.md §3.6, §3.7): state names, events, context and the
  * effects the machine asks for. Plain data only — every value here survives JSON.stringify/parse, so a
@@ -32,16 +35,9 @@ export const DEADLINE_NAMES = [
 ] as const;
 export type DeadlineName = (typeof DEADLINE_NAMES)[number];
 
-/** An error as reported by a step or a session. `permanent`: retrying cannot help. */
-export interface PodError {
-  kind: string;
-  message: string;
-  permanent: boolean;
-}
-
 /** The last error the pod met, kept in context for `status`. */
 export interface PodLastError {
-  kind: string;
+  kind: ErrorKind;
   message: string;
   at: number;
 }

@@ -1,4 +1,5 @@
-import { isSiteWide, SITE_BACKOFF_MAX_MS } from '../machines/pod-rules.js';
+import { isSiteWide } from '../machines/error-kinds.js';
+import { SITE_BACKOFF_MAX_MS } from '../machines/pod-rules.js';
 import type { PodContext, PodEvent, PodStateName } from '../machines/pod-types.js';
 import { ANNOTATION } from '../spec/annotations.js';
 import { displayText } from '../spec/display-text.js';

@@ -1,11 +1,13 @@
+import { ERROR_KINDS, type ErrorKind } from '../machines/error-kinds.js';
+
 /**
- * Why a shadow session could not be set up or ended, classified so the machine can decide between
- * retrying (carrier lost, login unreachable) and failing at once (host key mismatch, forwarding
- * refused by the site), and so an operator reads the cause rather than a stack trace.
+ * Why a shadow session could not be set up or ended: the kinds of error-kinds.ts a session meets, so
+ * the machine can decide between retrying (carrier lost, login unreachable) and failing at once (host
+ * key mismatch, forwarding refused by the site), and an operator reads the cause rather than a stack
+ * trace.
  */
 export const SESSION_ERROR_KINDS = [
   'login-unreachable',
-  /** squeue on the login node failed: slurmctld does not answer (site-wide, like the login node). */
   'slurm-unreachable',
   'node-unreachable',
   'auth-refused',
@@ -16,20 +18,11 @@ export const SESSION_ERROR_KINDS = [
   'job-ended',
   'carrier-lost',
   'sockets-vanished',
-  /** Every process of the job's relay is gone: the workload cannot reach the forwards. */
   'relay-dead',
   'closed',
-] as const;
+] as const satisfies readonly ErrorKind[];
 
 export type SessionErrorKind = (typeof SESSION_ERROR_KINDS)[number];
-
-const PERMANENT: ReadonlySet<SessionErrorKind> = new Set([
-  'auth-refused',
-  'host-key-mismatch',
-  'forwarding-refused',
-  // Another shadow cannot bring the relay back: only the job (a new pod) can.
-  'relay-dead',
-]);
 
 export class SessionError extends Error {
   override readonly name = 'SessionError';
@@ -41,9 +34,9 @@ export class SessionError extends Error {
     super(message, options);
   }
 
-  /** Retrying cannot help: the site's configuration or keys must change first. */
+  /** Retrying cannot help: the site's configuration or keys must change first (its kind's class). */
   get permanent(): boolean {
-    return PERMANENT.has(this.kind);
+    return ERROR_KINDS[this.kind] === 'permanent';
   }
 }
 

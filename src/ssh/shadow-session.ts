@@ -29,7 +29,7 @@ import type { LoginHopLease, LoginHops } from './login-hop.js';
 import { execCapture, openExec } from './remote-exec.js';
 import { type ForwardLog, type ForwardStats, ReverseForwards } from './reverse-forwards.js';
 import type { ServiceDirectory } from './service-directory.js';
-import { isSessionError, SessionError } from './session-error.js';
+import { isSessionError, SessionError, type SessionErrorKind } from './session-error.js';
 import type { SlurmJob } from './slurm-job.js';
 import { SocksForward } from './socks-forward.js';
 
@@ -44,7 +44,7 @@ export type ShadowPhase =
   /** trapMissed: the job ended without its trap (its socket dir was left on the node), and the session removed the dir. */
   | { type: 'JOB_ENDED'; state: string; trapMissed?: true; note?: string }
   | { type: 'CARRIER_LOST'; reason: string }
-  | { type: 'SESSION_FAILED'; error: { kind: string; message: string; permanent: boolean } };
+  | { type: 'SESSION_FAILED'; error: { kind: SessionErrorKind; message: string; permanent: boolean } };
 
 export type ShadowEnd =
   | Extract<ShadowPhase, { type: 'SOCKETS_VANISHED' | 'JOB_ENDED' | 'CARRIER_LOST' | 'SESSION_FAILED' }>

@@ -1,5 +1,6 @@
 import { type Job, UnrecoverableError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
+import { podError } from '../machines/error-kinds.js';
 import { type PodAction, type PodEvent, PURE_STEPS, parsePodEvent, type StepName } from '../machines/pod-machine.js';
 import { countPodsWith, exhaustedSteps, ignoredEvents, steps, transitions } from '../metrics/fleet-metrics.js';
 import type { StreamedEvent } from '../pods/event-stream.js';
@@ -187,7 +188,7 @@ export class ControlWorker {
       type: 'STEP_FAILED',
       step,
       generation,
-      error: { kind: 'step-failed', message, permanent: false },
+      error: podError('step-failed', message),
       at: this.deps.now(),
     }).catch((sendErr: unknown) => this.deps.log.error({ err: sendErr, uid, step }, 'could not report a failed step'));
   }

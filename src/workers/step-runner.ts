@@ -1,12 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import {
-  type PodContext,
-  type PodError,
-  type PodEvent,
-  PURE_STEPS,
-  STATE_OF_STEP,
-  type StepName,
-} from '../machines/pod-machine.js';
+import { podError } from '../machines/error-kinds.js';
+import { type PodContext, type PodEvent, PURE_STEPS, STATE_OF_STEP, type StepName } from '../machines/pod-machine.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { type PodView, readPod } from '../pods/pod-reader.js';
 import { jobIds, jobState, sendEvent } from '../pods/queues.js';
@@ -35,7 +29,7 @@ export async function runStep(deps: FleetDeps, uid: string, step: StepName, gene
     await perform(deps, pod, step, generation);
   } catch (err) {
     if (!isSpecError(err)) throw err; // transient: BullMQ retries with backoff
-    const error: PodError = { kind: 'invalid-pod', message: err.message, permanent: true };
+    const error = podError('invalid-pod', err.message);
     await sendEvent(deps.queues, uid, { type: 'STEP_FAILED', step, generation, error, at: deps.now() });
     return 'failed';
   }
@@ -60,7 +54,7 @@ export function pureStepResult(
     return { type: 'STEP_DONE', step, generation, at: deps.now() };
   } catch (err) {
     if (!isSpecError(err)) throw err;
-    const error: PodError = { kind: 'invalid-pod', message: err.message, permanent: true };
+    const error = podError('invalid-pod', err.message);
     return { type: 'STEP_FAILED', step, generation, error, at: deps.now() };
   }
 }

@@ -235,7 +235,7 @@ describe('Kubernetes Events from the control role (onTransition)', () => {
       await send(uid, {
         type: 'SESSION_FAILED',
         generation: g,
-        error: { kind: 'carrier', message: 'connection reset by login.example.org', permanent: false },
+        error: { kind: 'carrier-lost', message: 'connection reset by login.example.org', permanent: false },
         at: at(),
       });
     }

@@ -159,7 +159,7 @@ describe('Kubernetes Events of machine transitions', () => {
 
   it('failed sessions: a Warning whose message repeats identically (so it aggregates), then giving up', () => {
     const failure: PodEvent = { type: 'CARRIER_LOST', reason: 'keepalive timeout', generation: 1, at };
-    const err = { kind: 'carrier-lost', message: 'keepalive timeout', at };
+    const err = { kind: 'carrier-lost' as const, message: 'keepalive timeout', at };
     const first = transitionEvents(
       ctx({ generation: 2, attempts: 2, lastError: err }),
       'active',
@@ -191,7 +191,11 @@ describe('Kubernetes Events of machine transitions', () => {
       generation: 2,
       at,
     };
-    const err = { kind: 'login-unreachable', message: 'login 10.0.0.1:22: Timed out while waiting for handshake', at };
+    const err = {
+      kind: 'login-unreachable' as const,
+      message: 'login 10.0.0.1:22: Timed out while waiting for handshake',
+      at,
+    };
     const specs = transitionEvents(
       ctx({ generation: 3, lastError: err }),
       'launchingShadow',

@@ -1,6 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { transition } from 'xstate';
+import type { PodError } from '../../src/machines/error-kinds.js';
 import {
   applyEvent,
   CHART_STATES,
@@ -54,14 +55,14 @@ const INPUT: PodInput = {
 };
 const HOST = 'session-host-a';
 const BATCH = { batchHost: 'node-17', jobId: '4242' };
-const SOFT = { kind: 'node-unreachable', message: 'connect ECONNREFUSED', permanent: false };
+const SOFT: PodError = { kind: 'node-unreachable', message: 'connect ECONNREFUSED', permanent: false };
 /** The login node out of reach: the whole site, not this pod. */
-const SITE = {
+const SITE: PodError = {
   kind: 'login-unreachable',
   message: 'login 10.0.0.1:22: Timed out while waiting for handshake',
   permanent: false,
 };
-const HARD = { kind: 'host-key-mismatch', message: 'host key of login.example changed', permanent: true };
+const HARD: PodError = { kind: 'host-key-mismatch', message: 'host key of login.example changed', permanent: true };
 
 const SHADOW_STATES = [
   'launchingShadow',
@@ -117,7 +118,7 @@ function reach(target: PodStateName, input: PodInput = INPUT): PodSnapshot {
   };
   const path: PodStateName[] = ['validating'];
   if (target === 'failed') {
-    go({ type: 'STEP_FAILED', at: ++at, step: 'validate', error: { ...HARD, kind: 'bad-annotation' } });
+    go({ type: 'STEP_FAILED', at: ++at, step: 'validate', error: HARD });
     expect(stateOf(snapshot)).toBe('failed');
     return snapshot;
   }
@@ -371,12 +372,12 @@ describe('pod machine: the happy path', () => {
         type: 'STEP_FAILED',
         at: T0 + 100,
         step: stepName,
-        error: { kind: 'bad-annotation', message: 'interlink.eu/reverse-forwards entry "x:udp"', permanent: true },
+        error: { kind: 'invalid-pod', message: 'interlink.eu/reverse-forwards entry "x:udp"', permanent: true },
       });
       expect(result.to).toBe('failed');
       expect(result.actions).toEqual([]);
       expect(result.snapshot.context.lastError).toEqual({
-        kind: 'bad-annotation',
+        kind: 'invalid-pod',
         message: 'interlink.eu/reverse-forwards entry "x:udp"',
         at: T0 + 100,
       });
