@@ -172,9 +172,12 @@ function cleanupTrap(): string[] {
     '  fi',
     '}',
     'trap bh_cleanup EXIT',
-    "trap 'exit 129' HUP",
-    "trap 'exit 130' INT",
-    "trap 'exit 143' TERM",
+    // Each ignores the three before it exits: a second TERM that came between the exit and the cleanup's
+    // own `trap ''` would run `exit` again inside the EXIT trap, and dash then leaves at once with the
+    // dir in place (seen: 6 TERMs 2 ms apart, every file left; Slurm's TERM to the job can come twice).
+    `trap 'trap "" HUP INT TERM; exit 129' HUP`,
+    `trap 'trap "" HUP INT TERM; exit 130' INT`,
+    `trap 'trap "" HUP INT TERM; exit 143' TERM`,
   ];
 }
 
