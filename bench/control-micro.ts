@@ -15,6 +15,7 @@
 import { Queue, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { transition } from 'xstate';
+import { parseSiteConfig } from '../src/contract/site-config.js';
 import { silentLogger } from '../src/log.js';
 import {
   applyEvent,
@@ -29,7 +30,6 @@ import {
 import { EventStream } from '../src/pods/event-stream.js';
 import { type FleetDeps, fleetDeps, podLimits } from '../src/pods/fleet-deps.js';
 import { sendEvent } from '../src/pods/queues.js';
-import { parseSiteConfig } from '../src/spec/site-config.js';
 import { RedisKeys } from '../src/store/keys.js';
 import { createRedis } from '../src/store/redis.js';
 import { preloadScripts } from '../src/store/scripts.js';

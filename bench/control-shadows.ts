@@ -1,5 +1,5 @@
 /**
- * Heap per idle shadow (ARCHITECTURE.md §7: under 256 KiB), on the loopback site (real login sshd, real node
+ * Heap per idle shadow (ARCHITECTURE.md, "Aims (what good looks like)": under 256 KiB), on the loopback site (real login sshd, real node
  * sshd, real Slurm, the real prelude and relay in every job). Run by bench/control.ts as a child:
  *
  *   node --expose-gc --import tsx bench/control-shadows.ts --mode raw|session --shadows N [--warm 10]
@@ -30,11 +30,11 @@ import { freemem, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs, promisify } from 'node:util';
 import { stringify as toYaml } from 'yaml';
+import { parseSiteConfig, type SiteConfig } from '../src/contract/site-config.js';
 import { type RunningFleet, startFleet } from '../src/fleet/fleet.js';
 import { silentLogger } from '../src/log.js';
 import { type FleetQueues, openQueues, sendEvent } from '../src/pods/queues.js';
 import type { SessionPlan } from '../src/render/session-plan.js';
-import { parseSiteConfig, type SiteConfig } from '../src/spec/site-config.js';
 import { dialRulesOf } from '../src/ssh/endpoint-dial.js';
 import type { ShadowEnd, ShadowPhase } from '../src/ssh/shadow-session.js';
 import { ShadowSession } from '../src/ssh/shadow-session.js';

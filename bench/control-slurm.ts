@@ -5,7 +5,7 @@
 import { execFile } from 'node:child_process';
 import { rm } from 'node:fs/promises';
 import { promisify } from 'node:util';
-import { socketDir } from '../src/spec/derivations.js';
+import { socketDir } from '../src/contract/derivations.js';
 import { scancel } from '../tools/sandbox/slurm.js';
 import { sleep } from './control-common.js';
 

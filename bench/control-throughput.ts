@@ -1,5 +1,5 @@
 /**
- * End-to-end transitions per second of the control plane (ARCHITECTURE.md §7), driven the way the cluster drives it:
+ * End-to-end transitions per second of the control plane (ARCHITECTURE.md, "Aims (what good looks like)"), driven the way the cluster drives it:
  *
  *   bench (pod watcher)   POD_UPSERT ×N ─────────────► bh:events ─► control worker process(es)
  *                                                                   validate, render, launch steps (bh-steps)

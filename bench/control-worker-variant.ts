@@ -12,9 +12,9 @@
  */
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { parseSiteConfigYaml } from '../src/contract/site-config.js';
 import { createLogger } from '../src/log.js';
 import { fleetDeps } from '../src/pods/fleet-deps.js';
-import { parseSiteConfigYaml } from '../src/spec/site-config.js';
 import { createRedis } from '../src/store/redis.js';
 import { preloadScripts } from '../src/store/scripts.js';
 import { CONTROL_CONCURRENCY, ControlWorker } from '../src/workers/control-worker.js';

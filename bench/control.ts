@@ -1,5 +1,5 @@
 /**
- * Control-plane benchmark (ARCHITECTURE.md §7: ≥ 2,000 transitions/s on 2 cores against one Redis; an idle shadow
+ * Control-plane benchmark (ARCHITECTURE.md, "Aims (what good looks like)": ≥ 2,000 transitions/s on 2 cores against one Redis; an idle shadow
  * under 256 KiB of heap): `npm run bench:control` (needs root, Redis on 127.0.0.1:6379, `npm run build`).
  *
  * Parts (BENCH_PARTS, comma-separated; all by default):

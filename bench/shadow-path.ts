@@ -9,7 +9,7 @@ import { readFileSync } from 'node:fs';
 import { chown, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseSiteConfig } from '../src/spec/site-config.js';
+import { parseSiteConfig } from '../src/contract/site-config.js';
 import { dialRulesOf } from '../src/ssh/endpoint-dial.js';
 import { type ShadowPhase, ShadowSession, type ShadowSessionOptions } from '../src/ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';

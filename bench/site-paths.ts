@@ -7,7 +7,7 @@ import { randomBytes } from 'node:crypto';
 import { chmodSync } from 'node:fs';
 import { copyFile, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import { bindAddress } from '../src/spec/derivations.js';
+import { bindAddress } from '../src/contract/derivations.js';
 import { type Carrier, openCarrier } from '../src/ssh/carrier.js';
 import type { LoginLease } from '../src/ssh/login-pool.js';
 import { type ForwardTarget, ReverseForwards } from '../src/ssh/reverse-forwards.js';

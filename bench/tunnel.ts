@@ -3,7 +3,7 @@ import { chmodSync, chownSync, readFileSync } from 'node:fs';
 import { copyFile, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseSiteConfig } from '../src/spec/site-config.js';
+import { parseSiteConfig } from '../src/contract/site-config.js';
 import { openSiteAccess, type SiteAccess } from '../src/ssh/site-access.js';
 import { autoTunnelThreads } from '../src/ssh/tunnel-threads.js';
 import {
@@ -429,7 +429,7 @@ function report(rows: Row[], samples: Map<Row, Sample[]>, errors: Map<Row, strin
     const s = row ? (samples.get(row) ?? []) : [];
     return s.length ? { med: median(s.map((x) => x.mbps)), best: best(s.map((x) => x.mbps)) } : undefined;
   };
-  out.push('## Ratios against the aims of ARCHITECTURE.md §7');
+  out.push('## Ratios against the aims of ARCHITECTURE.md, "Aims (what good looks like)"');
   out.push('');
   out.push(
     'median = median/median, best = best/best, paired = median over the rounds of the ratio of the two runs of one round ' +

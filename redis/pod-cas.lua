@@ -25,8 +25,7 @@
 --
 -- It runs for every transition of every pod, so it touches only what changes: one HMGET reads what it
 -- compares, the name index is written only when the name changes, and an index entry is removed only
--- when the record says it has one (`deadlineAt` is '' when it has none, and missing on a record written
--- before that field: then removed anyway).
+-- when the record says it has one (`deadlineAt` is '' when it has none).
 
 local cur = redis.call('HMGET', KEYS[1], 'gen', 'namespace', 'name', 'outbox', 'deadlineAt')
 local gen = cur[1]

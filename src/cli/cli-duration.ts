@@ -1,4 +1,4 @@
-import { DURATION_ACCEPTED, MAX_DURATION_MS, parseDuration } from '../spec/duration.js';
+import { DURATION_ACCEPTED, MAX_DURATION_MS, parseDuration } from '../contract/duration.js';
 
 /** What a duration flag accepts, for help texts and errors. */
 export const CLI_DURATION_ACCEPTED = `seconds ("90", "0.5") or ${DURATION_ACCEPTED}`;

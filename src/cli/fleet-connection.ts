@@ -68,7 +68,7 @@ async function connectRedis(target: RedisTarget): Promise<Redis> {
   return redis;
 }
 
-/** POD is `namespace/name` or a UID (ARCHITECTURE.md §3.10). */
+/** POD is `namespace/name` or a UID (ARCHITECTURE.md, "The command line"). */
 export async function resolvePod(deps: Pick<FleetDeps, 'store'>, pod: string): Promise<string> {
   if (pod.includes('/')) {
     const [namespace = '', name = ''] = pod.split('/', 2);

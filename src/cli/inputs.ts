@@ -1,7 +1,7 @@
 import { readFile } from 'node:fs/promises';
-import { type PodRef, parsePodYaml } from '../spec/pod.js';
-import { parseSiteConfigYaml, type SiteConfig } from '../spec/site-config.js';
-import { isSpecError } from '../spec/spec-error.js';
+import { isInputError } from '../contract/input-error.js';
+import { type PodRef, parsePodYaml } from '../contract/pod.js';
+import { parseSiteConfigYaml, type SiteConfig } from '../contract/site-config.js';
 import { CliError, EXIT } from './exit-codes.js';
 
 export interface ConfigOption {
@@ -32,7 +32,7 @@ function fromFile<T>(path: string, parse: () => T): T {
   try {
     return parse();
   } catch (err) {
-    if (isSpecError(err)) throw new CliError(`${path}: ${err.message}`, EXIT.usage);
+    if (isInputError(err)) throw new CliError(`${path}: ${err.message}`, EXIT.usage);
     throw err;
   }
 }
@@ -43,7 +43,7 @@ export function configPath(opts: ConfigOption): string {
   return path;
 }
 
-/** The site configuration from --config or BACKHAUL_CONFIG (ARCHITECTURE.md §3.10). */
+/** The site configuration from --config or BACKHAUL_CONFIG (ARCHITECTURE.md, "The command line"). */
 export async function loadSiteConfig(opts: ConfigOption): Promise<SiteConfig> {
   const path = configPath(opts);
   const text = await readInput(path, 'site configuration');

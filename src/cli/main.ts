@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from 'commander';
+import { isInputError } from '../contract/input-error.js';
 import { withoutCredentials } from '../log.js';
-import { isSpecError } from '../spec/spec-error.js';
 import { registerDoctor } from './commands/doctor.js';
 import { registerPodCommands } from './commands/pods.js';
 import { registerRender } from './commands/render.js';
@@ -34,7 +34,7 @@ function packageVersion(): string {
   return pkg.version ?? 'unknown';
 }
 
-/** Runs the command line; returns the exit code (ARCHITECTURE.md §3.10: 0 ok, 1 failure, 2 bad usage or input). */
+/** Runs the command line; returns the exit code (ARCHITECTURE.md, "The command line": 0 ok, 1 failure, 2 bad usage or input). */
 export async function main(argv: readonly string[], extra: readonly CommandRegistration[] = []): Promise<number> {
   const program = buildProgram(extra);
   try {
@@ -54,7 +54,7 @@ function report(err: unknown): number {
     process.stderr.write(`backhaul: ${err.message}\n`);
     return err.exitCode;
   }
-  if (isSpecError(err)) {
+  if (isInputError(err)) {
     process.stderr.write(`backhaul: ${err.message}\n`);
     return EXIT.usage;
   }

@@ -4,7 +4,7 @@ import { podRecordOf } from '../pods/pod-reader.js';
 import { jobIds } from '../pods/queues.js';
 import type { HistoryRecord, StoredPod } from '../store/snapshot-store.js';
 
-/** One pod as `status --json` prints it (ARCHITECTURE.md §3.10). */
+/** One pod as `status --json` prints it (ARCHITECTURE.md, "The command line"). */
 export interface PodStatus {
   uid: string;
   namespace: string;

@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
-import { redisUrlHasPassword, redisUrlProblem } from '../spec/redis-url.js';
-import type { SiteConfig } from '../spec/site-config.js';
+import { redisUrlHasPassword, redisUrlProblem } from '../contract/redis-url.js';
+import type { SiteConfig } from '../contract/site-config.js';
 import { CliError, EXIT } from './exit-codes.js';
 
 /** Where a command finds the fleet's Redis, and the password it gives it (never taken from argv alone). */

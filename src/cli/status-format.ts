@@ -1,4 +1,4 @@
-import { bindAddress } from '../spec/derivations.js';
+import { bindAddress } from '../contract/derivations.js';
 import type { PodDetail, PodStatus } from './pod-status.js';
 
 export function formatAge(ms: number): string {

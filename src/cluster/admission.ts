@@ -1,3 +1,12 @@
+import { ANNOTATION, REVERSE_ANNOTATIONS } from '../contract/annotations.js';
+import { InputError, isInputError, quote } from '../contract/input-error.js';
+import {
+  hasReverseAnnotations,
+  parseReverseRequest,
+  type ReverseRequest,
+  requestContext,
+} from '../contract/reverse-request.js';
+import type { SiteConfig } from '../contract/site-config.js';
 import { FORWARDS_READY_CONDITION } from '../render/pod-condition.js';
 import { hasPrelude, renderPrelude, stripPrelude } from '../render/prelude.js';
 import {
@@ -7,18 +16,9 @@ import {
   preExecWithPrelude,
   readinessGatePatch,
 } from '../render/webhook-patch.js';
-import { ANNOTATION, REVERSE_ANNOTATIONS } from '../spec/annotations.js';
-import {
-  hasReverseAnnotations,
-  parseReverseRequest,
-  type ReverseRequest,
-  requestContext,
-} from '../spec/reverse-request.js';
-import type { SiteConfig } from '../spec/site-config.js';
-import { isSpecError, quote, SpecError } from '../spec/spec-error.js';
 
 /**
- * AdmissionReview v1 (admission.k8s.io/v1) for pods (ARCHITECTURE.md §3.9, §3.1, §3.4). Pure: a review document in,
+ * AdmissionReview v1 (admission.k8s.io/v1) for pods (ARCHITECTURE.md, "The Kubernetes side", "Annotations", "The prelude"). Pure: a review document in,
  * the response document out; src/cluster/webhook-server.ts serves it over HTTPS.
  *
  * - `mutate`: validates the reverse annotations against the site and patches the prelude into
@@ -109,7 +109,7 @@ function annotationsOf(pod: PodObject): Record<string, string> | undefined {
   if (raw === undefined || raw === null) return undefined;
   const out: Record<string, string> = {};
   for (const [key, value] of Object.entries(raw)) {
-    if (typeof value !== 'string') throw new SpecError(key, 'annotation values must be strings');
+    if (typeof value !== 'string') throw new InputError(key, 'annotation values must be strings');
     out[key] = value;
   }
   return out;
@@ -134,7 +134,7 @@ function validateUpdate(
     if (!hasReverseAnnotations(before) && !hasReverseAnnotations(after)) return respond({ allowed: true });
     for (const key of FROZEN_ANNOTATIONS) {
       if (before[key] === after[key]) continue;
-      throw new SpecError(
+      throw new InputError(
         key,
         `cannot change once the pod exists (from ${describe(before[key])} to ${describe(after[key])}): its job's prelude was rendered from it`,
         { accepted: 'the value the pod was created with; to change the forwards, delete the pod and create it again' },
@@ -142,7 +142,7 @@ function validateUpdate(
     }
     return respond({ allowed: true });
   } catch (err) {
-    if (!isSpecError(err)) throw err;
+    if (!isInputError(err)) throw err;
     return respond({ allowed: false, status: { code: 403, reason: 'Forbidden', message: err.message } });
   }
 }
@@ -219,14 +219,14 @@ export function admit(review: unknown, mode: AdmissionMode, config: SiteConfig):
     }
     if (existing !== undefined) stripPrelude(existing); // a block without its end marker is refused
     if (parsed.forwards.length > 0 && !(existing !== undefined && hasPrelude(existing))) {
-      throw new SpecError(ANNOTATION.preExec, 'holds no backhaul prelude, so the job would never start the relay', {
+      throw new InputError(ANNOTATION.preExec, 'holds no backhaul prelude, so the job would never start the relay', {
         accepted:
           "a pod admitted through backhaul's mutating webhook (is its namespace selected by the MutatingWebhookConfiguration?)",
       });
     }
     return respond({ allowed: true });
   } catch (err) {
-    if (!isSpecError(err)) throw err;
+    if (!isInputError(err)) throw err;
     return respond({ allowed: false, status: { code: 403, reason: 'Forbidden', message: err.message } });
   }
 }

@@ -1,6 +1,6 @@
 import { CoreV1Api, DiscoveryV1Api, type KubeConfig, type V1Pod } from '@kubernetes/client-node';
+import type { ServiceRef } from '../contract/endpoint-policy.js';
 import type { Logger } from '../log.js';
-import type { ServiceRef } from '../spec/endpoint-policy.js';
 import type { ServiceAnswer, ServiceDirectory } from '../ssh/service-directory.js';
 import { describeKubeError, kubeCall, orNotFound } from './kube-api.js';
 

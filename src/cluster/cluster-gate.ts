@@ -9,11 +9,11 @@ import {
   type V1Pod,
   type V1Service,
 } from '@kubernetes/client-node';
-import type { ClusterVerdict } from '../spec/cluster-verdict.js';
-import { NamespaceEndpointPolicy } from '../spec/endpoint-policy.js';
-import { serviceOfName } from '../spec/host-names.js';
-import { type Forward, parseReverseRequest, requestContext } from '../spec/reverse-request.js';
-import type { SiteConfig } from '../spec/site-config.js';
+import type { ClusterVerdict } from '../contract/cluster-verdict.js';
+import { NamespaceEndpointPolicy } from '../contract/endpoint-policy.js';
+import { serviceOfName } from '../contract/host-names.js';
+import { type Forward, parseReverseRequest, requestContext } from '../contract/reverse-request.js';
+import type { SiteConfig } from '../contract/site-config.js';
 import { kubeCall, orNotFound } from './kube-api.js';
 import { Memo } from './memo.js';
 import {

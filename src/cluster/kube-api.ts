@@ -1,7 +1,7 @@
 import { existsSync } from 'node:fs';
 import { KubeConfig } from '@kubernetes/client-node';
-import type { KubernetesConfig } from '../spec/site-config.js';
-import { SpecError } from '../spec/spec-error.js';
+import { InputError } from '../contract/input-error.js';
+import type { KubernetesConfig } from '../contract/site-config.js';
 
 /**
  * Every call backhaul makes to the Kubernetes API, by resource. This is the one place it is written
@@ -65,10 +65,13 @@ export function loadKubeConfig(cfg: Pick<KubernetesConfig, 'Kubeconfig'>, env = 
     try {
       kc.loadFromFile(cfg.Kubeconfig);
     } catch (err) {
-      throw new SpecError('Backhaul.Kubernetes.Kubeconfig', `cannot load ${cfg.Kubeconfig}: ${(err as Error).message}`);
+      throw new InputError(
+        'Backhaul.Kubernetes.Kubeconfig',
+        `cannot load ${cfg.Kubeconfig}: ${(err as Error).message}`,
+      );
     }
     if (!kc.getCurrentCluster()) {
-      throw new SpecError('Backhaul.Kubernetes.Kubeconfig', `${cfg.Kubeconfig} has no current context with a cluster`);
+      throw new InputError('Backhaul.Kubernetes.Kubeconfig', `${cfg.Kubeconfig} has no current context with a cluster`);
     }
     return kc;
   }

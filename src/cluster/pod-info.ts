@@ -1,6 +1,6 @@
+import { ANNOTATION, REVERSE_ANNOTATIONS } from '../contract/annotations.js';
+import { hasReverseAnnotations } from '../contract/reverse-request.js';
 import { FORWARDS_READY_CONDITION } from '../render/pod-condition.js';
-import { ANNOTATION, REVERSE_ANNOTATIONS } from '../spec/annotations.js';
-import { hasReverseAnnotations } from '../spec/reverse-request.js';
 
 /**
  * What the watcher keeps of a pod: enough to decide whether it needs a machine and to tell a change

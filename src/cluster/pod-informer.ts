@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { CoreV1Api, type KubeConfig, type V1PodList, Watch } from '@kubernetes/client-node';
+import type { KubernetesConfig } from '../contract/site-config.js';
 import type { Logger } from '../log.js';
-import type { KubernetesConfig } from '../spec/site-config.js';
 import { describeKubeError, kubeCall, statusCodeOf } from './kube-api.js';
 import { classifyPod, type PodScope, type PodVerdict, podFromObject, type WatchedPod } from './pod-info.js';
 

@@ -1,13 +1,13 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { CoreV1Api, type KubeConfig } from '@kubernetes/client-node';
+import { ANNOTATION } from '../contract/annotations.js';
+import { CLUSTER_VERDICT, type ClusterVerdict, clusterChecksOn, formatVerdict } from '../contract/cluster-verdict.js';
+import type { KubernetesConfig } from '../contract/site-config.js';
 import type { Logger } from '../log.js';
 import type { PodEvent } from '../machines/pod-machine.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { isEnding, loadPodRecord, loadPodRecords, type PodRecord } from '../pods/pod-reader.js';
 import { forwardsCondition } from '../render/pod-condition.js';
-import { ANNOTATION } from '../spec/annotations.js';
-import { CLUSTER_VERDICT, type ClusterVerdict, clusterChecksOn, formatVerdict } from '../spec/cluster-verdict.js';
-import type { KubernetesConfig } from '../spec/site-config.js';
 import { RedisEpoch, recoveryWindowMs } from '../store/redis-epoch.js';
 import { ClusterGate } from './cluster-gate.js';
 import type { EventRecorder } from './event-recorder.js';
@@ -40,14 +40,14 @@ const REFUSED_BY_CLUSTER = 'refused-by-cluster';
 /** How often the watch role looks whether Redis lost its data (one small Lua call). */
 const EPOCH_CHECK_MS = 2_000;
 
-/** Deduplication ids of the events the watcher sends (no ':' — ARCHITECTURE.md §3.8). */
+/** Deduplication ids of the events the watcher sends (no ':' — ARCHITECTURE.md, "Redis keys and queues"). */
 export const watchEventIds = {
   upsert: (uid: string, resourceVersion: string) => `${uid}-upsert-${resourceVersion || 'x'}`,
   gone: (uid: string, event: GoneEvent) => `${uid}-${event.event === 'POD_DELETED' ? 'deleted' : 'teardown'}`,
 };
 
 /**
- * The watch role (ARCHITECTURE.md §3.9): keeps one machine per live pod that asks for reverse forwards on a
+ * The watch role (ARCHITECTURE.md, "The Kubernetes side"): keeps one machine per live pod that asks for reverse forwards on a
  * virtual node, and ends the machines of pods that are gone. The pods come from a PodInformer (list +
  * watch, src/cluster/pod-informer.ts); this is the reconcile.
  *

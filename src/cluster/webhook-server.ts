@@ -6,8 +6,8 @@ import { createServer, type Server } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { dirname } from 'node:path';
 import { createSecureContext } from 'node:tls';
+import type { SiteConfig } from '../contract/site-config.js';
 import type { Logger } from '../log.js';
-import type { SiteConfig } from '../spec/site-config.js';
 import { type AdmissionMode, admit, BadReviewError } from './admission.js';
 import { BodyBudget } from './body-budget.js';
 

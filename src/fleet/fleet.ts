@@ -1,9 +1,9 @@
 import type { Redis } from 'ioredis';
 import { ClusterDirectory } from '../cluster/cluster-directory.js';
 import { loadKubeConfig } from '../cluster/kube-api.js';
+import type { SiteConfig } from '../contract/site-config.js';
 import type { Logger } from '../log.js';
 import { type FleetDeps, type FleetDepsOptions, fleetDeps } from '../pods/fleet-deps.js';
-import type { SiteConfig } from '../spec/site-config.js';
 import { NO_CLUSTER_DIRECTORY } from '../ssh/service-directory.js';
 import { preloadScripts } from '../store/scripts.js';
 import { ControlWorker } from '../workers/control-worker.js';

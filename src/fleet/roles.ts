@@ -1,6 +1,6 @@
 import { hostname } from 'node:os';
 
-/** The roles a fleet member can run (ARCHITECTURE.md §3.10); kept apart from fleet.ts so the CLI can parse them cheaply. */
+/** The roles a fleet member can run (ARCHITECTURE.md, "The command line"); kept apart from fleet.ts so the CLI can parse them cheaply. */
 export const ROLES = ['control', 'session', 'watch', 'webhook'] as const;
 export type Role = (typeof ROLES)[number];
 

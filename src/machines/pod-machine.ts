@@ -1,5 +1,5 @@
 /**
- * One pod's reverse setup as a statechart (ARCHITECTURE.md §3.7). Used only through XState's pure API by the
+ * One pod's reverse setup as a statechart (ARCHITECTURE.md, "The machine"). Used only through XState's pure API by the
  * control worker: `startPod` / `applyEvent` return the next snapshot and the effects to run, and the
  * worker stores the snapshot in Redis (compare-and-set) and runs the effects as jobs.
  *
@@ -28,8 +28,8 @@
  *   failed ─RETRY─► validating (or ─► tearingDown when it was a teardown that failed).
  *   failed ─POD_UPSERT (changed)─► validating when the pod was refused as it was (invalid-pod).
  *
- * A stored pod names its leaf state (`active`, not `shadow.active`): leaf names are unique, and the
- * stored form did not change when the shadow phases became one compound state.
+ * A stored pod names its leaf state (`active`, not `shadow.active`): leaf names are unique across the
+ * chart, so the short name is the whole address.
  *
  * Reports, deadlines and step results of another generation are ignored: no transition, no effects.
  */

@@ -71,7 +71,7 @@ export const jobStateName = z.string().regex(/^[A-Z][A-Z0-9_]{0,63}$/, 'a Slurm 
 
 const at = { at: ms };
 const gen = { generation: ms };
-/** A session's report: its generation and its lease's fencing token (absent from older senders). */
+/** A report: the generation it is about and, from a session, its lease's fencing token (the reaper sends none). */
 const report = { generation: ms, lease: ms.optional() };
 const step = z.enum(STEPS);
 

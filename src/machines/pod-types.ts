@@ -2,7 +2,7 @@ import type { ErrorKind, PodError } from './error-kinds.js';
 
 export type { PodError };
 /**
- * The vocabulary of one pod's reverse setup (ARCHITECTURE.md §3.6, §3.7): state names, events, context and the
+ * The vocabulary of one pod's reverse setup (ARCHITECTURE.md, "Carriers and shadow sessions", "The machine"): state names, events, context and the
  * effects the machine asks for. Plain data only — every value here survives JSON.stringify/parse, so a
  * snapshot stored in Redis and events carried by BullMQ jobs come back exactly as they left.
  */
@@ -92,7 +92,7 @@ export interface PodContext extends PodLimits {
   forwardsReadyAt: number | null;
   /**
    * The addresses the job's relay holds, one per Service group, as last reported (FORWARDS_READY);
-   * absent until then, and in snapshots stored before it was kept.
+   * absent until then.
    */
   relayAddresses?: string[];
   /**
@@ -211,7 +211,7 @@ export interface JobEndedEvent extends Report {
   type: 'JOB_ENDED';
   /**
    * The job's state as the session last saw it, by its long name (OUT_OF_MEMORY, CANCELLED, COMPLETING…;
-   * GONE when squeue no longer lists it). Absent from older senders.
+   * GONE when squeue no longer lists it); absent when squeue printed no such name.
    */
   jobState?: string;
   /** The job ended without its trap: its socket dir was left on the node, and the session removed it. */

@@ -1,8 +1,8 @@
 import type { Redis } from 'ioredis';
+import type { SiteConfig } from '../contract/site-config.js';
 import type { Logger } from '../log.js';
 import type { PodContext, PodEvent, PodLimits, PodStateName } from '../machines/pod-machine.js';
 import { casConflicts } from '../metrics/fleet-metrics.js';
-import type { SiteConfig } from '../spec/site-config.js';
 import { HostRegistry } from '../store/host-registry.js';
 import { RedisKeys } from '../store/keys.js';
 import { LeaseStore } from '../store/lease-store.js';

@@ -1,5 +1,5 @@
 /**
- * The one place a stored pod is read back into the machine's terms (ARCHITECTURE.md §3.7): every role and
+ * The one place a stored pod is read back into the machine's terms (ARCHITECTURE.md, "The machine"): every role and
  * command reads pods through here, so what "a pod this build cannot read" means is decided once.
  */
 import {

@@ -6,7 +6,7 @@ import type { RedisKeys } from '../store/keys.js';
 import { EventStream } from './event-stream.js';
 
 /**
- * The fleet's BullMQ queues (ARCHITECTURE.md, "Queues"): steps and shadows. The pods' events are not
+ * The fleet's BullMQ queues (ARCHITECTURE.md, "Redis keys and queues"): steps and shadows. The pods' events are not
  * jobs: they go through one Redis stream (EventStream), at a fraction of a job's Redis commands.
  */
 export const QUEUE_NAMES = { steps: 'bh-steps', sessions: 'bh-sessions' } as const;
@@ -25,7 +25,7 @@ export interface SessionJobData {
 }
 
 /**
- * Job ids carry the pod UID and generation, never ':' (ARCHITECTURE.md §3.8): the same step of the same
+ * Job ids carry the pod UID and generation, never ':' (ARCHITECTURE.md, "Redis keys and queues"): the same step of the same
  * generation asked twice is one job.
  */
 export const jobIds = {

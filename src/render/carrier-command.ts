@@ -1,11 +1,11 @@
-import type { CarrierMode } from '../spec/carrier-mode.js';
-import { isSlurmNodeName } from '../spec/host-names.js';
-import { SpecError } from '../spec/spec-error.js';
+import type { CarrierMode } from '../contract/carrier-mode.js';
+import { isSlurmNodeName } from '../contract/host-names.js';
+import { InputError } from '../contract/input-error.js';
 import { shellWord } from './shell-quote.js';
 import { carrierPaths } from './userspace-sshd.js';
 
 /**
- * The commands the session host execs to reach an sshd on the batch host (ARCHITECTURE.md §3.6). They are run
+ * The commands the session host execs to reach an sshd on the batch host (ARCHITECTURE.md, "Carriers and shadow sessions"). They are run
  * by the HPC user's login shell, which may be csh: a few plain words, no redirections, no quoting
  * tricks; the bootstrap script itself is sent on stdin.
  *
@@ -40,10 +40,10 @@ export type CarrierCommands =
 /** Job ids as squeue prints them: digits, or `<array job>_<task>` for array jobs. */
 const JOB_ID = /^[0-9]{1,18}(?:_[0-9]{1,9})?$/;
 
-/** Throws SpecError unless the id is a Slurm job id: it comes from a remote machine's squeue output. */
+/** Throws InputError unless the id is a Slurm job id: it comes from a remote machine's squeue output. */
 export function validateJobId(jobId: string): string {
   if (!JOB_ID.test(jobId)) {
-    throw new SpecError('jobId', 'not a Slurm job id', {
+    throw new InputError('jobId', 'not a Slurm job id', {
       entry: jobId,
       accepted: 'digits, or digits_digits for an array job',
     });
@@ -51,10 +51,10 @@ export function validateJobId(jobId: string): string {
   return jobId;
 }
 
-/** Throws SpecError unless the name is a plain host name: it comes from a remote machine's squeue output. */
+/** Throws InputError unless the name is a plain host name: it comes from a remote machine's squeue output. */
 export function validateBatchHost(batchHost: string): string {
   if (!isSlurmNodeName(batchHost)) {
-    throw new SpecError('batchHost', 'not a host name', {
+    throw new InputError('batchHost', 'not a host name', {
       entry: batchHost,
       accepted: 'a host name of letters, digits, "-", "_" and "."',
     });
@@ -100,10 +100,10 @@ function checkSettings(settings: CarrierSettings): void {
     ['Network.SSH.Reverse.SocketRoot', settings.socketDir],
   ] as const) {
     if (!/^\/[A-Za-z0-9._/+-]*$/.test(path)) {
-      throw new SpecError(field, `${JSON.stringify(path)} is not an absolute path of letters, digits and . _ / + -`);
+      throw new InputError(field, `${JSON.stringify(path)} is not an absolute path of letters, digits and . _ / + -`);
     }
   }
   if (!Number.isInteger(settings.nodeSshPort) || settings.nodeSshPort < 1 || settings.nodeSshPort > 65535) {
-    throw new SpecError('Network.SSH.Reverse.NodeSshPort', `${settings.nodeSshPort} is not a port number`);
+    throw new InputError('Network.SSH.Reverse.NodeSshPort', `${settings.nodeSshPort} is not a port number`);
   }
 }

@@ -1,8 +1,8 @@
-import type { ForwardSlot } from '../spec/derivations.js';
-import type { Forward } from '../spec/reverse-request.js';
+import type { ForwardSlot } from '../contract/derivations.js';
+import type { Forward } from '../contract/reverse-request.js';
 
 /**
- * The lines the prelude appends to the job's copy of /etc/hosts (ARCHITECTURE.md §3.4): each Service's
+ * The lines the prelude appends to the job's copy of /etc/hosts (ARCHITECTURE.md, "The prelude"): each Service's
  * names on its own address.
  *
  * Lines are kept short because musl (Alpine images) reads hosts files with a 512-byte line buffer and

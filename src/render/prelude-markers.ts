@@ -1,5 +1,5 @@
-import { ANNOTATION } from '../spec/annotations.js';
-import { SpecError } from '../spec/spec-error.js';
+import { ANNOTATION } from '../contract/annotations.js';
+import { InputError } from '../contract/input-error.js';
 
 /**
  * The prelude is pasted into `slurm-job.vk.io/pre-exec`. The admission webhook sees the pod again on
@@ -35,7 +35,7 @@ export function stripPrelude(text: string): string {
     }
   }
   if (inside) {
-    throw new SpecError(ANNOTATION.preExec, 'holds the start of a backhaul prelude without its end marker', {
+    throw new InputError(ANNOTATION.preExec, 'holds the start of a backhaul prelude without its end marker', {
       accepted: `a pre-exec without a backhaul prelude, or with a complete block from "${PRELUDE_BEGIN}" to "${PRELUDE_END}"`,
     });
   }

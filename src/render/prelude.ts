@@ -1,12 +1,12 @@
 // biome-ignore-all lint/suspicious/noTemplateCurlyInString: these strings are shell code; ${...} is shell parameter expansion.
 import { createHash } from 'node:crypto';
 import { deflateSync } from 'node:zlib';
-import { ANNOTATION } from '../spec/annotations.js';
-import { type ForwardSlot, repeatOnAddress, SOCKS_SOCKET, withSlots } from '../spec/derivations.js';
-import { isDnsName } from '../spec/host-names.js';
-import type { Forward } from '../spec/reverse-request.js';
-import type { ReverseConfig } from '../spec/site-config.js';
-import { SpecError } from '../spec/spec-error.js';
+import { ANNOTATION } from '../contract/annotations.js';
+import { type ForwardSlot, repeatOnAddress, SOCKS_SOCKET, withSlots } from '../contract/derivations.js';
+import { isDnsName } from '../contract/host-names.js';
+import { InputError } from '../contract/input-error.js';
+import type { Forward } from '../contract/reverse-request.js';
+import type { ReverseConfig } from '../contract/site-config.js';
 import { base85 } from './base85.js';
 import { hasPrelude, PRELUDE_BEGIN, PRELUDE_END } from './prelude-markers.js';
 import { bootSource } from './relay-source.js';
@@ -27,7 +27,7 @@ export type PreludeSettings = Pick<ReverseConfig, 'SocketRoot' | 'PythonPath' | 
   Partial<Pick<ReverseConfig, 'PrivateSocketRoot'>>;
 
 /**
- * The shell fragment interLink's Slurm plugin pastes verbatim into the batch script (ARCHITECTURE.md §3.4).
+ * The shell fragment interLink's Slurm plugin pastes verbatim into the batch script (ARCHITECTURE.md, "The prelude").
  *
  * It carries only the relay's boot (relay-boot.py, a few KiB): the boot makes the socket dir and binds
  * the pod's addresses at once, and the fleet delivers the relay itself and the Services' names over the
@@ -52,7 +52,7 @@ export function renderPrelude(request: PreludeRequest, settings: PreludeSettings
   );
   const waitMs = settings.WaitForForwards;
   if (!Number.isFinite(waitMs) || waitMs < 0) {
-    throw new SpecError('Network.SSH.Reverse.WaitForForwards', `not a duration: ${waitMs} ms`);
+    throw new InputError('Network.SSH.Reverse.WaitForForwards', `not a duration: ${waitMs} ms`);
   }
   if (hasPrelude(boot) || boot.split('\n').some((line) => line.startsWith('# <<< backhaul prelude'))) {
     // stripPrelude works line by line: a marker inside the embedded source would cut the block short.
@@ -96,7 +96,7 @@ export function renderPrelude(request: PreludeRequest, settings: PreludeSettings
   const bytes = Buffer.byteLength(text);
   if (bytes > MAX_PRELUDE_BYTES) {
     // Only site settings of unusual length can get here (a test renders the largest pod at 64 forwards).
-    throw new SpecError(
+    throw new InputError(
       'Network.SSH.Reverse.PythonPath',
       `the prelude would be ${bytes} bytes, over the ${MAX_PRELUDE_BYTES} a pod's annotation may carry`,
       { accepted: 'a shorter PythonPath or SocketRoot' },
@@ -122,13 +122,13 @@ export const MAX_PRELUDE_BYTES = 8 * 1024;
 function checkPorts(forwards: readonly SlottedForward[]): void {
   for (const { listenPort: port } of forwards) {
     if (!Number.isInteger(port) || port < 1 || port > 65535) {
-      throw new SpecError(ANNOTATION.forwards, `listen port ${port} is not a port number`, {
+      throw new InputError(ANNOTATION.forwards, `listen port ${port} is not a port number`, {
         accepted: 'ports 1-65535',
       });
     }
   }
   if (repeatOnAddress(forwards)) {
-    throw new SpecError(ANNOTATION.forwards, 'listen ports repeat on one address', {
+    throw new InputError(ANNOTATION.forwards, 'listen ports repeat on one address', {
       accepted: 'distinct listen ports for the forwards to one Service (different Services may share a port)',
     });
   }
@@ -138,7 +138,7 @@ function checkPorts(forwards: readonly SlottedForward[]): void {
 function checkNames(forwards: readonly Pick<Forward, 'names'>[]): void {
   for (const name of forwards.flatMap((f) => f.names)) {
     if (!isDnsName(name)) {
-      throw new SpecError(ANNOTATION.forwards, `${JSON.stringify(name)} is not a host name`, {
+      throw new InputError(ANNOTATION.forwards, `${JSON.stringify(name)} is not a host name`, {
         accepted: 'RFC 1123 host names',
       });
     }

@@ -46,7 +46,7 @@ def own_dir(path, what):
 
 
 def address(uid, g):
-    h = 0x811C9DC5  # FNV-1a-32 of the UID, or of UID/G for group G (src/spec/derivations.ts)
+    h = 0x811C9DC5  # FNV-1a-32 of the UID, or of UID/G for group G (src/contract/derivations.ts)
     for b in bytearray(uid.encode() + b"/%d" % g * (g > 0)):
         h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
     return "127.%d.%d.%d" % (1 + (h >> 16 & 255) % 254, h >> 8 & 255, 1 + (h & 255) % 254)

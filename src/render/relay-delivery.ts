@@ -1,4 +1,4 @@
-import { withSlots } from '../spec/derivations.js';
+import { withSlots } from '../contract/derivations.js';
 import { hostNameGroups, namesByGroup } from './hosts-file.js';
 import {
   PREPARE_DIR_MISSING,
@@ -11,7 +11,7 @@ import { RELAY_HANDOFF } from './relay-source.js';
 import { shellQuote } from './shell-quote.js';
 
 /**
- * What the session host delivers into a job whose prelude carries only the boot (ARCHITECTURE.md §3.5):
+ * What the session host delivers into a job whose prelude carries only the boot (ARCHITECTURE.md, "The relay"):
  * the Services' names on the addresses the boot holds (the hosts file), and the relay, which the boot
  * then execs on its listeners. Run over the carrier before the forwards are bound, so that no socket
  * appears (and the prelude lets the workload start) before the relay runs.

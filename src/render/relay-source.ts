@@ -15,7 +15,7 @@ function source(file: string): string {
   return text;
 }
 
-/** The relay (relay.py) the session host writes into the job's socket dir (ARCHITECTURE.md §3.5). */
+/** The relay (relay.py) the session host writes into the job's socket dir (ARCHITECTURE.md, "The relay"). */
 export function relaySource(): string {
   return source('relay.py');
 }

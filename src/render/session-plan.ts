@@ -1,9 +1,9 @@
-import { type CarrierMode, carrierMode } from '../spec/carrier-mode.js';
-import { bindAddress, socketDir, withSlots } from '../spec/derivations.js';
-import type { PodRef } from '../spec/pod.js';
-import type { ReverseRequest } from '../spec/reverse-request.js';
-import type { SiteConfig } from '../spec/site-config.js';
-import { SpecError } from '../spec/spec-error.js';
+import { type CarrierMode, carrierMode } from '../contract/carrier-mode.js';
+import { bindAddress, socketDir, withSlots } from '../contract/derivations.js';
+import { InputError } from '../contract/input-error.js';
+import type { PodRef } from '../contract/pod.js';
+import type { ReverseRequest } from '../contract/reverse-request.js';
+import type { SiteConfig } from '../contract/site-config.js';
 import { carrierCommandTemplates } from './carrier-command.js';
 import { hostsText } from './hosts-file.js';
 import { checkSocketPaths } from './socket-paths.js';
@@ -34,7 +34,7 @@ export interface PlannedForward {
   host: string;
   port: number;
   dialHost: string;
-  /** The address derived for its Service (one per Service, ARCHITECTURE.md §3.3). */
+  /** The address derived for its Service (one per Service, ARCHITECTURE.md, "Derivations"). */
   bindAddress: string;
   socketPath: string;
   names: string[];
@@ -66,7 +66,7 @@ export type CarrierPlan =
 export function renderSessionPlan(pod: PodRef, request: ReverseRequest, site: SiteConfig): SessionPlan {
   const { uid } = pod;
   if (uid === undefined || uid === '') {
-    throw new SpecError('metadata.uid', 'the pod has no UID yet', {
+    throw new InputError('metadata.uid', 'the pod has no UID yet', {
       accepted: 'a pod as the API server returns it, with metadata.uid',
     });
   }

@@ -1,5 +1,5 @@
-import { MAX_SOCKET_PATH_BYTES, socketDir } from '../spec/derivations.js';
-import { SpecError } from '../spec/spec-error.js';
+import { MAX_SOCKET_PATH_BYTES, socketDir } from '../contract/derivations.js';
+import { InputError } from '../contract/input-error.js';
 
 const FIELD = 'Network.SSH.Reverse.SocketRoot';
 
@@ -14,7 +14,7 @@ export function checkSocketPaths(socketRoot: string, socketNames: readonly strin
     const path = `${dir}/${name}`;
     const bytes = Buffer.byteLength(path, 'utf8');
     if (bytes > MAX_SOCKET_PATH_BYTES) {
-      throw new SpecError(
+      throw new InputError(
         FIELD,
         `socket path ${path} is too long: ${bytes} bytes, but a unix socket path is limited to ${MAX_SOCKET_PATH_BYTES} bytes`,
         {

@@ -1,8 +1,8 @@
-import { SpecError } from '../spec/spec-error.js';
+import { InputError } from '../contract/input-error.js';
 import { isPlainWord, shellQuote } from './shell-quote.js';
 
 /**
- * The user-space sshd a carrier runs on the batch host (ARCHITECTURE.md §3.6, modes userspace and srun), and
+ * The user-space sshd a carrier runs on the batch host (ARCHITECTURE.md, "Carriers and shadow sessions", modes userspace and srun), and
  * the bootstrap script that prepares it. Everything lives in `<socket dir>/carrier`, which the
  * prelude's trap removes with the socket dir when the job ends.
  */
@@ -53,7 +53,7 @@ const KEY_LINE = /^(ssh-ed25519|ecdsa-sha2-nistp256|ssh-rsa) ([A-Za-z0-9+/]+={0,
 export function validateAuthorizedKey(key: string): string {
   const match = KEY_LINE.exec(key.trim());
   const fail = (problem: string): never => {
-    throw new SpecError('authorizedKey', problem, {
+    throw new InputError('authorizedKey', problem, {
       entry: key.length > 120 ? `${key.slice(0, 120)}…` : key,
       accepted: `one OpenSSH public key line of type ${KEY_TYPES.join(', ')}`,
     });
@@ -146,7 +146,7 @@ export interface BootstrapInput extends SshdConfigInput {
 export function renderBootstrap(input: BootstrapInput): string {
   checkPath(input.sshdPath, 'sshdPath');
   const keygen = input.sshKeygenPath ?? 'ssh-keygen';
-  if (!isPlainWord(keygen)) throw new SpecError('sshKeygenPath', 'not a plain command name or path');
+  if (!isPlainWord(keygen)) throw new InputError('sshKeygenPath', 'not a plain command name or path');
   const key = validateAuthorizedKey(input.authorizedKey);
   const config = renderSshdConfig(input);
   const paths = carrierPaths(input.socketDir);
@@ -217,10 +217,10 @@ export function renderBootstrap(input: BootstrapInput): string {
 /** Paths reach sshd_config unquoted (sshd would split them at blanks) and commands run by csh. */
 function checkPath(path: string, field: string): void {
   if (!/^\/[A-Za-z0-9._/+-]*$/.test(path)) {
-    throw new SpecError(field, `${JSON.stringify(path)} is not an absolute path of letters, digits and . _ / + -`);
+    throw new InputError(field, `${JSON.stringify(path)} is not an absolute path of letters, digits and . _ / + -`);
   }
 }
 
 function checkPositiveInt(value: number, field: string): void {
-  if (!Number.isInteger(value) || value < 1) throw new SpecError(field, `${value} is not a positive whole number`);
+  if (!Number.isInteger(value) || value < 1) throw new InputError(field, `${value} is not a positive whole number`);
 }

@@ -2,7 +2,7 @@
 import { stripPrelude } from './prelude-markers.js';
 
 /**
- * The admission webhook's answer as data (ARCHITECTURE.md §3.9, §3.4): a JSONPatch (RFC 6902) that puts the
+ * The admission webhook's answer as data (ARCHITECTURE.md, "The Kubernetes side", "The prelude"): a JSONPatch (RFC 6902) that puts the
  * current prelude at the top of `slurm-job.vk.io/pre-exec`. Pure.
  */
 
@@ -20,7 +20,7 @@ export function jsonPointerSegment(key: string): string {
 /**
  * The pre-exec with `prelude` first and the pod's own commands after it. A backhaul block already in
  * the text (a re-submitted pod, a manifest copied from a running pod, a second admission) is removed
- * first, so admitting twice gives the same text as admitting once. Throws SpecError for a block without
+ * first, so admitting twice gives the same text as admitting once. Throws InputError for a block without
  * its end marker.
  */
 export function preExecWithPrelude(existing: string | undefined, prelude: string): string {

@@ -1,8 +1,8 @@
 import type { Duplex } from 'node:stream';
 import ssh2, { type Client } from 'ssh2';
+import type { CarrierMode } from '../contract/carrier-mode.js';
 import { type BatchJob, carrierCommands } from '../render/carrier-command.js';
 import { BOOTSTRAP_EXIT, HOSTKEY_PREFIX, renderBootstrap } from '../render/userspace-sshd.js';
-import type { CarrierMode } from '../spec/carrier-mode.js';
 import { pingMs, RTT_SAMPLES_MS, RttEstimate, sampleRtt } from './channel-window.js';
 import { dataPlane } from './data-plane-meter.js';
 import { type KnownHostEntry, verifyHostKey } from './known-hosts.js';
@@ -52,7 +52,7 @@ export interface Carrier {
 export const CARRIER_RTT_EVERY_MS = 30_000;
 
 /**
- * Opens the carrier of ARCHITECTURE.md §3.6 through an open login connection:
+ * Opens the carrier of ARCHITECTURE.md, "Carriers and shadow sessions" through an open login connection:
  * - node: a direct-tcpip channel from the login node to `<batch host>:<NodeSshPort>`;
  * - userspace: the same hop, then a bootstrap and `sshd -i` exec'd over it;
  * - srun: the bootstrap and `sshd -i` exec'd on the login node inside `srun --overlap`.

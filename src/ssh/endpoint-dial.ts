@@ -5,9 +5,9 @@ import {
   type EndpointPolicy,
   type NamedEndpoint,
   NamespaceEndpointPolicy,
-} from '../spec/endpoint-policy.js';
-import { isDnsName, serviceAddress, serviceOfName } from '../spec/host-names.js';
-import type { SiteConfig } from '../spec/site-config.js';
+} from '../contract/endpoint-policy.js';
+import { isDnsName, serviceAddress, serviceOfName } from '../contract/host-names.js';
+import type { SiteConfig } from '../contract/site-config.js';
 import { dialAddress, type HostAliases } from './host-aliases.js';
 import { NO_CLUSTER_DIRECTORY, type ServiceDirectory } from './service-directory.js';
 

@@ -7,7 +7,7 @@ import { type EndpointDialer, EndpointRefusedError } from './endpoint-dial.js';
 import { ForwardTally } from './forward-traffic.js';
 import { SessionError } from './session-error.js';
 
-/** One socket on the node and the one endpoint it may reach (ARCHITECTURE.md §3.6), or the SOCKS socket. */
+/** One socket on the node and the one endpoint it may reach (ARCHITECTURE.md, "Carriers and shadow sessions"), or the SOCKS socket. */
 export type ForwardTarget =
   | { socketPath: string; dialHost: string; port: number }
   | { socketPath: string; socks: { serve(stream: Duplex): void } };

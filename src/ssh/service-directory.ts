@@ -1,4 +1,4 @@
-import type { ServiceBackend, ServiceRef } from '../spec/endpoint-policy.js';
+import type { ServiceBackend, ServiceRef } from '../contract/endpoint-policy.js';
 
 /**
  * What the dialling side asks of the cluster: a Service as the Kubernetes API has it (never DNS, whose

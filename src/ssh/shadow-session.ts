@@ -1,5 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client, ClientChannel } from 'ssh2';
+import { SOCKS_SOCKET } from '../contract/derivations.js';
 import type { TunnelIsolation } from '../machines/pod-types.js';
 import {
   DEAD_JOB_DIR_REMOVED,
@@ -20,7 +21,6 @@ import { parseDelivery, renderDeliverRelay } from '../render/relay-delivery.js';
 import { RELAY_HANDOFF, relaySource } from '../render/relay-source.js';
 import type { SessionPlan } from '../render/session-plan.js';
 import { shellQuote } from '../render/shell-quote.js';
-import { SOCKS_SOCKET } from '../spec/derivations.js';
 import { type Carrier, type CarrierSite, openCarrier } from './carrier.js';
 import { threadWindowBudget, windowForRtt } from './channel-window.js';
 import { type DialRules, EndpointDialer } from './endpoint-dial.js';
@@ -33,7 +33,7 @@ import { isSessionError, SessionError, type SessionErrorKind } from './session-e
 import type { SlurmJob } from './slurm-job.js';
 import { SocksForward } from './socks-forward.js';
 
-/** The phases a shadow reports to its pod's machine (ARCHITECTURE.md §3.6). */
+/** The phases a shadow reports to its pod's machine (ARCHITECTURE.md, "Carriers and shadow sessions"). */
 export type ShadowPhase =
   | { type: 'SHADOW_UP' }
   | { type: 'BATCH_HOST'; batchHost: string; jobId: string }

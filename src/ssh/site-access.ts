@@ -1,5 +1,5 @@
 import { readFile } from 'node:fs/promises';
-import type { SiteConfig } from '../spec/site-config.js';
+import type { SiteConfig } from '../contract/site-config.js';
 import type { CarrierSite } from './carrier.js';
 import { type KnownHostEntry, parseKnownHosts, verifyHostKey } from './known-hosts.js';
 import { LoginPool } from './login-pool.js';

@@ -1,5 +1,5 @@
+import { isSlurmNodeName } from '../contract/host-names.js';
 import { shellWord } from '../render/shell-quote.js';
-import { isSlurmNodeName } from '../spec/host-names.js';
 
 /**
  * Finding a pod's Slurm job through the login node. interLink's Slurm plugin names the job after the

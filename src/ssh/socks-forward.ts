@@ -4,7 +4,7 @@ import { type EndpointDialer, EndpointRefusedError } from './endpoint-dial.js';
 import type { ForwardLog } from './reverse-forwards.js';
 
 /**
- * SOCKS5 CONNECT for a pod that asked for it on a site that allows it (ARCHITECTURE.md §3.1). The SOCKS
+ * SOCKS5 CONNECT for a pod that asked for it on a site that allows it (ARCHITECTURE.md, "Annotations"). The SOCKS
  * port is one of the relay's ports like a forward's, joined to the socket `<socket dir>/socks.sock`
  * (so the relay's owner check applies to it too); each connection on that socket is a SOCKS
  * conversation answered here, in the cluster, and every destination passes the endpoint policy.

@@ -1,5 +1,5 @@
 /**
- * The fleet's session hosts (ARCHITECTURE.md §3.8 `<prefix>hosts`): each registers with its capacity, then
+ * The fleet's session hosts (ARCHITECTURE.md, "Redis keys and queues" `<prefix>hosts`): each registers with its capacity, then
  * heartbeats with its load. Heartbeat times come from the Redis clock. A host whose heartbeat is older
  * than `staleAfterMs` is shown as stale and pruned; its next heartbeat tells it to register again.
  */

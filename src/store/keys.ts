@@ -1,5 +1,5 @@
 /**
- * Redis key names (ARCHITECTURE.md §3.8), all under one prefix so that several installations — or parallel
+ * Redis key names (ARCHITECTURE.md, "Redis keys and queues"), all under one prefix so that several installations — or parallel
  * test runs — can share a server. `bh:` unless configured.
  */
 export const DEFAULT_KEY_PREFIX = 'bh:';

@@ -1,5 +1,5 @@
 /**
- * Fencing leases on a pod's shadow (ARCHITECTURE.md §3.7): `<prefix>lease:<uid>` names the session host that
+ * Fencing leases on a pod's shadow (ARCHITECTURE.md, "The machine"): `<prefix>lease:<uid>` names the session host that
  * holds the shadow, its generation and a fencing token drawn from a counter at each grant. Only the
  * current token renews (even past `expiresAt`, so a Redis outage does not end healthy shadows) or releases;
  * a session whose renewal fails has lost the lease and closes at once.

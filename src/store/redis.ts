@@ -1,5 +1,5 @@
 import { Redis, type RedisOptions } from 'ioredis';
-import { parseRedisUrl } from '../spec/redis-url.js';
+import { parseRedisUrl } from '../contract/redis-url.js';
 
 export const DEFAULT_REDIS_URL = 'redis://127.0.0.1:6379';
 
@@ -18,8 +18,8 @@ export interface CreateRedisOptions {
 }
 
 /**
- * A connection to Redis, from `--redis URL`, else REDIS_URL, else the local default (ARCHITECTURE.md §3.10):
- * one server, or the master a set of sentinels names (src/spec/redis-url.ts). Throws RedisUrlError on a
+ * A connection to Redis, from `--redis URL`, else REDIS_URL, else the local default (ARCHITECTURE.md, "The command line"):
+ * one server, or the master a set of sentinels names (src/contract/redis-url.ts). Throws RedisUrlError on a
  * URL it cannot read.
  */
 export function createRedis(url?: string, opts: CreateRedisOptions = {}): Redis {

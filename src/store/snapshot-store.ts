@@ -1,5 +1,5 @@
 /**
- * Pod snapshots in Redis with compare-and-set (ARCHITECTURE.md §3.8): `<prefix>pod:<uid>` holds the snapshot
+ * Pod snapshots in Redis with compare-and-set (ARCHITECTURE.md, "Redis keys and queues"): `<prefix>pod:<uid>` holds the snapshot
  * and a `gen` counter; a write names the gen it read and fails if another writer came first, so the
  * control worker's load → transition → write loop never loses an update. Each write also updates the
  * indexes and appends the transition to the pod's capped history stream, in the same script.

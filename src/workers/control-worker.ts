@@ -1,4 +1,4 @@
-import { type Job, UnrecoverableError, Worker } from 'bullmq';
+import { type Job, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { podError } from '../machines/error-kinds.js';
 import { type PodAction, type PodEvent, PURE_STEPS, parsePodEvent, type StepName } from '../machines/pod-machine.js';
@@ -180,7 +180,7 @@ export class ControlWorker {
    */
   private async reportExhaustedStep(job: Job<StepJobData>, err: Error): Promise<void> {
     const attempts = job.opts.attempts ?? 1;
-    if (job.attemptsMade < attempts && !(err instanceof UnrecoverableError)) return;
+    if (job.attemptsMade < attempts) return;
     const { uid, step, generation } = job.data;
     exhaustedSteps.inc({ step });
     const message = `${step} failed ${job.attemptsMade} time(s): ${err.message}`;

@@ -81,7 +81,7 @@ export async function queueStep(
 }
 
 /**
- * A finished pod leaves only its history, which expires (ARCHITECTURE.md §7: no stale Redis key after
+ * A finished pod leaves only its history, which expires (ARCHITECTURE.md, "Aims (what good looks like)": no stale Redis key after
  * teardown). The jobs named after it go first — kept step jobs, failed shadows — then its record,
  * indexes (its deadline among them) and lease. (In this order, a POD_UPSERT racing with the removal meets the `done`
  * record and is ignored, instead of creating a machine whose first job would then be removed.) A job

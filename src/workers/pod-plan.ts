@@ -1,19 +1,19 @@
+import { ANNOTATION } from '../contract/annotations.js';
+import { requireClusterVerdict } from '../contract/cluster-verdict.js';
+import { InputError } from '../contract/input-error.js';
+import { parseReverseRequest, type ReverseRequest, requestContext } from '../contract/reverse-request.js';
+import type { SiteConfig } from '../contract/site-config.js';
 import type { PodContext } from '../machines/pod-machine.js';
 import { renderSessionPlan, type SessionPlan } from '../render/session-plan.js';
-import { ANNOTATION } from '../spec/annotations.js';
-import { requireClusterVerdict } from '../spec/cluster-verdict.js';
-import { parseReverseRequest, type ReverseRequest, requestContext } from '../spec/reverse-request.js';
-import type { SiteConfig } from '../spec/site-config.js';
-import { SpecError } from '../spec/spec-error.js';
 
-/** The pod's request, validated against the site (throws SpecError for bad input). */
+/** The pod's request, validated against the site (throws InputError for bad input). */
 export function requestOf(context: PodContext, config: SiteConfig): ReverseRequest {
   const request = parseReverseRequest(context.annotations, requestContext(config, context.namespace));
-  // The namespace opt-in and NetworkPolicies, as the watch role found them (src/spec/cluster-verdict.ts).
+  // The namespace opt-in and NetworkPolicies, as the watch role found them (src/contract/cluster-verdict.ts).
   if (request) requireClusterVerdict(context.annotations, config.Backhaul.Kubernetes, context.namespace);
   if (!request) {
     // Bad input, not a transient error: running the step again cannot add the annotation.
-    throw new SpecError(
+    throw new InputError(
       ANNOTATION.forwards,
       `missing: pod ${context.namespace}/${context.name} has no interlink.eu/reverse-* annotation`,
     );

@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { type Job, WaitingError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
+import { carrierMode } from '../contract/carrier-mode.js';
 import {
   type PodEvent,
   REPORT_STATES,
@@ -23,7 +24,6 @@ import type { FleetDeps } from '../pods/fleet-deps.js';
 import { type PodView, readPod } from '../pods/pod-reader.js';
 import { QUEUE_NAMES, type SessionJobData, sendEvent } from '../pods/queues.js';
 import { siteIsolation } from '../site/doctor/isolation-check.js';
-import { carrierMode } from '../spec/carrier-mode.js';
 import { CarrierSlots } from '../ssh/carrier-slots.js';
 import { sshCryptoPath } from '../ssh/crypto-path.js';
 import { dataPlane } from '../ssh/data-plane-meter.js';

@@ -1,10 +1,10 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import { isInputError } from '../contract/input-error.js';
 import { podError } from '../machines/error-kinds.js';
 import { type PodContext, type PodEvent, PURE_STEPS, STATE_OF_STEP, type StepName } from '../machines/pod-machine.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { type PodView, readPod } from '../pods/pod-reader.js';
 import { jobIds, jobState, sendEvent } from '../pods/queues.js';
-import { isSpecError } from '../spec/spec-error.js';
 import { planOf, requestOf } from './pod-plan.js';
 import { stopShadow } from './shadow-stop.js';
 
@@ -28,7 +28,7 @@ export async function runStep(deps: FleetDeps, uid: string, step: StepName, gene
   try {
     await perform(deps, pod, step, generation);
   } catch (err) {
-    if (!isSpecError(err)) throw err; // transient: BullMQ retries with backoff
+    if (!isInputError(err)) throw err; // transient: BullMQ retries with backoff
     const error = podError('invalid-pod', err.message);
     await sendEvent(deps.queues, uid, { type: 'STEP_FAILED', step, generation, error, at: deps.now() });
     return 'failed';
@@ -53,7 +53,7 @@ export function pureStepResult(
     else throw new Error(`step ${step} is not pure`);
     return { type: 'STEP_DONE', step, generation, at: deps.now() };
   } catch (err) {
-    if (!isSpecError(err)) throw err;
+    if (!isInputError(err)) throw err;
     const error = podError('invalid-pod', err.message);
     return { type: 'STEP_FAILED', step, generation, error, at: deps.now() };
   }

@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
 import { chown, lstat, mkdir } from 'node:fs/promises';
 import { describe, expect, it } from 'vitest';
-import { DEFAULT_SOCKET_ROOT, socketRootOf } from '../../src/spec/site-config.js';
+import { DEFAULT_SOCKET_ROOT, socketRootOf } from '../../src/contract/site-config.js';
 import { DEMO_USER } from '../../tools/demo/demo-options.js';
 import { DEMO_MODES } from '../../tools/demo/stack.js';
 import { ensureUser, OTHER_USER } from '../../tools/sandbox/users.js';

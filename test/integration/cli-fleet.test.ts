@@ -6,11 +6,11 @@ import { join } from 'node:path';
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stringify as toYaml } from 'yaml';
+import { bindAddress } from '../../src/contract/derivations.js';
+import { parseSiteConfig, type SiteConfig } from '../../src/contract/site-config.js';
 import type { RunningFleet } from '../../src/fleet/fleet.js';
 import { jobIds } from '../../src/pods/queues.js';
 import type { SessionPlan } from '../../src/render/session-plan.js';
-import { bindAddress } from '../../src/spec/derivations.js';
-import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
 import { keysNaming, queueEntriesNaming } from '../../tools/demo/leftovers.js';
 import {
   LOOPBACK_ENDPOINT_POLICY,
@@ -128,7 +128,7 @@ describe('backhaul submit / status / list / teardown / delete / retry against a 
     return (await fleet.deps.store.load(podUid))?.state ?? null;
   }
 
-  /** Everything a forgotten pod must not leave behind (ARCHITECTURE.md §7). */
+  /** Everything a forgotten pod must not leave behind (ARCHITECTURE.md, "Aims (what good looks like)"). */
   async function expectNothingLeft(podUid: string, name: string, plan: SessionPlan, jobId: string): Promise<void> {
     expect(await podState(podUid)).toBeNull();
     expect(await keysNaming(redis.redis, podUid)).toEqual([`bh:hist:${podUid}`]);

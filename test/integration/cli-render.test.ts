@@ -4,7 +4,7 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { bindAddress, socketDir } from '../../src/spec/derivations.js';
+import { bindAddress, socketDir } from '../../src/contract/derivations.js';
 
 const BIN = new URL('../../bin/backhaul.js', import.meta.url).pathname;
 const EXAMPLES = new URL('../../examples/', import.meta.url).pathname;

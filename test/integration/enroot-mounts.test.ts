@@ -3,9 +3,9 @@ import net from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { admit } from '../../src/cluster/admission.js';
+import { ANNOTATION } from '../../src/contract/annotations.js';
+import { parseReverseRequest, requestContext } from '../../src/contract/reverse-request.js';
 import { renderSessionPlan } from '../../src/render/session-plan.js';
-import { ANNOTATION } from '../../src/spec/annotations.js';
-import { parseReverseRequest, requestContext } from '../../src/spec/reverse-request.js';
 import { ensureUser, JOB_USER, type TestUser } from '../../tools/sandbox/users.js';
 import { patchedAnnotations, podReview } from '../fixtures/admission-reviews.js';
 import { jsonPatch } from '../fixtures/fake-apiserver.js';
@@ -13,7 +13,7 @@ import { siteWith } from '../unit/spec-fixtures.js';
 import { deliverRelay, type RunningScript, startScript, uniqueUid } from './script-runner.js';
 
 /**
- * enroot workloads get the Services' names too (ARCHITECTURE.md §3.4). The pod goes through the real
+ * enroot workloads get the Services' names too (ARCHITECTURE.md, "The prelude"). The pod goes through the real
  * admission webhook; its job is built as interLink's Slurm plugin builds it (the pre-exec, then
  * ` job.sh`; job.sh runs `enroot start <EnrootDefaultOptions> <slurm-job.vk.io/enroot-mounts> <name>
  * <command>` with the annotation pasted unquoted); an enroot-like launcher stands in for enroot as

@@ -4,10 +4,10 @@ import type { Socket } from 'node:net';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { ANNOTATION } from '../../src/contract/annotations.js';
 import { POD_STATES, type PodStateName } from '../../src/machines/pod-machine.js';
 import { sendEvent } from '../../src/pods/queues.js';
 import { EVENT_REASONS } from '../../src/render/kube-events.js';
-import { ANNOTATION } from '../../src/spec/annotations.js';
 import { NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
 import {
   echoServer,

@@ -2,9 +2,9 @@ import { readFile, rm, stat } from 'node:fs/promises';
 import type { Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseSiteConfig } from '../../src/contract/site-config.js';
 import type { RunningFleet } from '../../src/fleet/fleet.js';
 import { registry } from '../../src/metrics/fleet-metrics.js';
-import { parseSiteConfig } from '../../src/spec/site-config.js';
 import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
 import {
   echoServer,

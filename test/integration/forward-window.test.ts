@@ -4,7 +4,7 @@ import { createConnection, createServer, type Server, type Socket } from 'node:n
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { parseSiteConfig } from '../../src/spec/site-config.js';
+import { parseSiteConfig } from '../../src/contract/site-config.js';
 import { BASE_WINDOW, DEFAULT_MAX_WINDOW, windowForRtt } from '../../src/ssh/channel-window.js';
 import { openSiteAccess } from '../../src/ssh/site-access.js';
 import { type DelayProxy, startDelayProxy } from '../../tools/sandbox/delay-proxy.js';

@@ -1,6 +1,6 @@
 import type { Client, ClientChannel } from 'ssh2';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { parseSiteConfig } from '../../src/spec/site-config.js';
+import { parseSiteConfig } from '../../src/contract/site-config.js';
 import { openDirectTcpip } from '../../src/ssh/direct-tcpip.js';
 import { verifyHostKey } from '../../src/ssh/known-hosts.js';
 import { openSiteAccess, type SiteAccess } from '../../src/ssh/site-access.js';

@@ -1,12 +1,12 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EventRecorder } from '../../src/cluster/event-recorder.js';
 import { KUBE_API_ACCESS } from '../../src/cluster/kube-api.js';
+import { ANNOTATION } from '../../src/contract/annotations.js';
 import { type RunningFleet, startFleet } from '../../src/fleet/fleet.js';
 import { silentLogger } from '../../src/log.js';
 import type { PodEvent } from '../../src/machines/pod-machine.js';
 import { sendEvent } from '../../src/pods/queues.js';
 import { EVENT_REASONS } from '../../src/render/kube-events.js';
-import { ANNOTATION } from '../../src/spec/annotations.js';
 import { createRedis } from '../../src/store/redis.js';
 import type { Obj } from '../fixtures/fake-apiserver.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';

@@ -6,11 +6,11 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
 import { KUBE_API_ACCESS } from '../../src/cluster/kube-api.js';
 import { PodWatcher } from '../../src/cluster/pod-watcher.js';
+import { ANNOTATION } from '../../src/contract/annotations.js';
+import type { SiteConfig } from '../../src/contract/site-config.js';
 import { type RunningFleet, startFleet } from '../../src/fleet/fleet.js';
 import { silentLogger } from '../../src/log.js';
 import { sendEvent } from '../../src/pods/queues.js';
-import { ANNOTATION } from '../../src/spec/annotations.js';
-import type { SiteConfig } from '../../src/spec/site-config.js';
 import { createRedis } from '../../src/store/redis.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
 import {

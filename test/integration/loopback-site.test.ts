@@ -6,7 +6,7 @@ import * as fsp from 'node:fs/promises';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { parseSiteConfigYaml } from '../../src/spec/site-config.js';
+import { parseSiteConfigYaml } from '../../src/contract/site-config.js';
 import { type LoopbackSite, startLoopbackSite } from '../../tools/sandbox/loopback-site.js';
 import {
   cancelSubmittedJobs,

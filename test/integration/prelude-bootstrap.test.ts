@@ -3,17 +3,17 @@ import { chmod, chown, lstat, mkdir, mkdtemp, readFile, rm, stat, writeFile } fr
 import net from 'node:net';
 import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { socketDir } from '../../src/contract/derivations.js';
 import { carrierCommands } from '../../src/render/carrier-command.js';
 import { renderPrelude } from '../../src/render/prelude.js';
 import { BOOTSTRAP_EXIT, type BootstrapInput, carrierPaths, renderBootstrap } from '../../src/render/userspace-sshd.js';
-import { socketDir } from '../../src/spec/derivations.js';
 import { freePort } from '../../tools/sandbox/sshd.js';
 import { ensureUser, JOB_USER, OTHER_USER, runAs, spawnAs, type TestUser } from '../../tools/sandbox/users.js';
 import { KEYS, requestFor } from '../unit/render-fixtures.js';
 import { eventually, gone, STATE_SNIPPET, startScript, uniqueUid } from './script-runner.js';
 
 /**
- * The carrier bootstrap (ARCHITECTURE.md §3.6) run for real as the job's user, the way the session host runs
+ * The carrier bootstrap (ARCHITECTURE.md, "Carriers and shadow sessions") run for real as the job's user, the way the session host runs
  * it: `/bin/sh -s` with the script on stdin.
  */
 

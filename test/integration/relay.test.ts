@@ -6,7 +6,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { bindAddress } from '../../src/spec/derivations.js';
+import { bindAddress } from '../../src/contract/derivations.js';
 import { ensureUser, JOB_USER, OTHER_USER, runAs, spawnAs, type TestUser } from '../../tools/sandbox/users.js';
 
 /**

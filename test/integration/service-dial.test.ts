@@ -1,8 +1,8 @@
 import { createServer, type Server, type Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ClusterDirectory } from '../../src/cluster/cluster-directory.js';
+import { endpointPolicySchema } from '../../src/contract/endpoint-policy.js';
 import { silentLogger } from '../../src/log.js';
-import { endpointPolicySchema } from '../../src/spec/endpoint-policy.js';
 import { EndpointDialer, EndpointRefusedError } from '../../src/ssh/endpoint-dial.js';
 import { type KubeHarness, kubeHarness } from '../fixtures/kube-harness.js';
 

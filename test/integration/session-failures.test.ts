@@ -4,9 +4,9 @@ import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import ssh2 from 'ssh2';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { bindAddress } from '../../src/contract/derivations.js';
 import { applyDataPlane } from '../../src/metrics/data-plane-metrics.js';
 import { registry } from '../../src/metrics/fleet-metrics.js';
-import { bindAddress } from '../../src/spec/derivations.js';
 import { dataPlane } from '../../src/ssh/data-plane-meter.js';
 import { openSiteAccess } from '../../src/ssh/site-access.js';
 import {

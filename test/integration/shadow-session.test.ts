@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatAddresses } from '../../src/cli/status-format.js';
-import { bindAddress } from '../../src/spec/derivations.js';
+import { bindAddress } from '../../src/contract/derivations.js';
 import {
   echoServer,
   exists,

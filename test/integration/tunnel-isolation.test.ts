@@ -1,8 +1,8 @@
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ANNOTATION } from '../../src/contract/annotations.js';
 import { restorePod } from '../../src/machines/pod-machine.js';
-import { ANNOTATION } from '../../src/spec/annotations.js';
 import { NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
 import { PYTHON, planFor, uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
 import {

@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { bindAddress, fnv1a32, socketDir, socketPath } from '../../src/spec/derivations.js';
+import { bindAddress, fnv1a32, socketDir, socketPath } from '../../src/contract/derivations.js';
 
 interface Vector {
   uid: string;
@@ -16,7 +16,7 @@ const { vectors } = JSON.parse(readFileSync(new URL('../vectors/derivations.json
   vectors: Vector[];
 };
 
-describe('derivations (ARCHITECTURE.md §3.3)', () => {
+describe('derivations (ARCHITECTURE.md, "Derivations")', () => {
   it('FNV-1a-32 matches the published test values', () => {
     expect(fnv1a32('')).toBe(0x811c9dc5);
     expect(fnv1a32('a')).toBe(0xe40c292c);

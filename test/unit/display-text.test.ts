@@ -1,9 +1,9 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { ANNOTATION } from '../../src/spec/annotations.js';
-import { displayText, QUOTE_MAX, quote } from '../../src/spec/display-text.js';
-import { parseReverseRequest } from '../../src/spec/reverse-request.js';
-import { SpecError } from '../../src/spec/spec-error.js';
+import { ANNOTATION } from '../../src/contract/annotations.js';
+import { displayText, QUOTE_MAX, quote } from '../../src/contract/display-text.js';
+import { InputError } from '../../src/contract/input-error.js';
+import { parseReverseRequest } from '../../src/contract/reverse-request.js';
 import { contextWith } from './spec-fixtures.js';
 
 /** What must never reach a reader raw, written out by hand (not by the implementation's own classes). */
@@ -98,9 +98,9 @@ describe('displayText (issue 25, item 8)', () => {
           try {
             parseReverseRequest(annotations, ctx);
           } catch (err) {
-            expect(err).toBeInstanceOf(SpecError);
+            expect(err).toBeInstanceOf(InputError);
             refused += 1;
-            const message = (err as SpecError).message;
+            const message = (err as InputError).message;
             expect(RAW_UNSAFE.test(message), message).toBe(false);
           }
         },

@@ -1,6 +1,6 @@
 import { createServer, type Server, type Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { DEFAULT_ENDPOINT_POLICY, endpointPolicySchema } from '../../src/spec/endpoint-policy.js';
+import { DEFAULT_ENDPOINT_POLICY, endpointPolicySchema } from '../../src/contract/endpoint-policy.js';
 import { EndpointDialer, EndpointRefusedError } from '../../src/ssh/endpoint-dial.js';
 import { loopbackDialer } from '../../tools/sandbox/dial-rules.js';
 

@@ -5,8 +5,8 @@ import {
   endpointPolicySchema,
   type NamedEndpoint,
   NamespaceEndpointPolicy,
-} from '../../src/spec/endpoint-policy.js';
-import { serviceAddress } from '../../src/spec/host-names.js';
+} from '../../src/contract/endpoint-policy.js';
+import { serviceAddress } from '../../src/contract/host-names.js';
 
 const FLEET_IP = '10.244.1.7';
 /** The fleet's own addresses: its pod (v4 and v6) and its namespace's Redis Service. */

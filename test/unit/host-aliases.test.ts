@@ -2,7 +2,7 @@ import { createServer } from 'node:net';
 import { PassThrough } from 'node:stream';
 import { Client } from 'ssh2';
 import { describe, expect, it } from 'vitest';
-import { parseSiteConfig } from '../../src/spec/site-config.js';
+import { parseSiteConfig } from '../../src/contract/site-config.js';
 import { dialAddress } from '../../src/ssh/host-aliases.js';
 import { ReverseForwards } from '../../src/ssh/reverse-forwards.js';
 import { loopbackDialer } from '../../tools/sandbox/dial-rules.js';

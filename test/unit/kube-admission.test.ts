@@ -1,6 +1,8 @@
 // biome-ignore-all lint/suspicious/noTemplateCurlyInString: the enroot mount is shell text; bash expands it in job.sh.
 import { describe, expect, it } from 'vitest';
 import { admit, BadReviewError } from '../../src/cluster/admission.js';
+import { ANNOTATION } from '../../src/contract/annotations.js';
+import { parseReverseRequest } from '../../src/contract/reverse-request.js';
 import { PRELUDE_BEGIN, PRELUDE_END, renderPrelude } from '../../src/render/prelude.js';
 import {
   annotationPatch,
@@ -9,8 +11,6 @@ import {
   jsonPointerSegment,
   preExecWithPrelude,
 } from '../../src/render/webhook-patch.js';
-import { ANNOTATION } from '../../src/spec/annotations.js';
-import { parseReverseRequest } from '../../src/spec/reverse-request.js';
 import { patchedAnnotations, podReview } from '../fixtures/admission-reviews.js';
 import { jsonPatch } from '../fixtures/fake-apiserver.js';
 import { contextWith, siteWith } from './spec-fixtures.js';
@@ -198,7 +198,7 @@ describe('admission: mutation (the prelude in slurm-job.vk.io/pre-exec)', () => 
   });
 });
 
-describe('admission: refusals name the annotation, the entry and what would be accepted (ARCHITECTURE.md §3.1)', () => {
+describe('admission: refusals name the annotation, the entry and what would be accepted (ARCHITECTURE.md, "Annotations")', () => {
   it.each([
     ['UDP', { [FWD]: 'dns.kube-system.svc:53/udp' }, ['TCP only', 'dns.kube-system.svc:53/udp']],
     ['IPv6 literal', { [FWD]: '[fd00::1]:9000' }, ['IPv6', '[fd00::1]:9000']],

@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { classifyPod, podFingerprint, podFromObject, relevantAnnotations } from '../../src/cluster/pod-info.js';
+import { ANNOTATION } from '../../src/contract/annotations.js';
+import { parseSiteConfig } from '../../src/contract/site-config.js';
 import type { PodContext, PodEvent } from '../../src/machines/pod-machine.js';
 import {
   EVENT_REASONS,
@@ -10,8 +12,6 @@ import {
   transitionEvents,
 } from '../../src/render/kube-events.js';
 import { PRELUDE_BEGIN } from '../../src/render/prelude.js';
-import { ANNOTATION } from '../../src/spec/annotations.js';
-import { parseSiteConfig } from '../../src/spec/site-config.js';
 
 function ctx(over: Partial<PodContext> = {}): PodContext {
   return {

@@ -18,7 +18,7 @@ import {
 import { describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
 import { KUBE_API_ACCESS, KUBE_API_GROUP } from '../../src/cluster/kube-api.js';
-import { parseSiteConfigYaml } from '../../src/spec/site-config.js';
+import { parseSiteConfigYaml } from '../../src/contract/site-config.js';
 import { DEPLOY, renderOverlayText, SITE_ADDRESSES } from '../fixtures/kustomize.js';
 
 /** The bundled-redis overlay as a site renders it, its addresses set (test/fixtures/kustomize.ts). */

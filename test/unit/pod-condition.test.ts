@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { admit } from '../../src/cluster/admission.js';
+import { ANNOTATION } from '../../src/contract/annotations.js';
+import type { SiteConfig } from '../../src/contract/site-config.js';
 import { applyEvent, CHART_STATES, startPod } from '../../src/machines/pod-machine.js';
 import {
   conditionHolds,
@@ -8,8 +10,6 @@ import {
   forwardsCondition,
 } from '../../src/render/pod-condition.js';
 import { readinessGatePatch } from '../../src/render/webhook-patch.js';
-import { ANNOTATION } from '../../src/spec/annotations.js';
-import type { SiteConfig } from '../../src/spec/site-config.js';
 import { podReview } from '../fixtures/admission-reviews.js';
 import { jsonPatch } from '../fixtures/fake-apiserver.js';
 import { POD_INPUT } from '../fixtures/pod-input.js';

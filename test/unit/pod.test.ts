@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { parsePodYaml } from '../../src/spec/pod.js';
-import { SpecError } from '../../src/spec/spec-error.js';
+import { InputError } from '../../src/contract/input-error.js';
+import { parsePodYaml } from '../../src/contract/pod.js';
 
 describe('pod manifests', () => {
   it('reads name, namespace, uid, node and annotations', () => {
@@ -40,11 +40,11 @@ spec:
     ['kind: Service\nmetadata: { name: p }', 'kind'],
     ['spec: {}', 'metadata'],
   ])('refuses %j naming %s', (yaml, field) => {
-    expect(() => parsePodYaml(yaml)).toThrow(SpecError);
+    expect(() => parsePodYaml(yaml)).toThrow(InputError);
     try {
       parsePodYaml(yaml);
     } catch (err) {
-      expect((err as SpecError).field).toBe(field);
+      expect((err as InputError).field).toBe(field);
     }
   });
 
@@ -53,14 +53,14 @@ spec:
     expect(() => parsePodYaml('metadata: [')).toThrow(/not valid YAML/);
   });
 
-  it('refuses an alias bomb and deep nesting with a SpecError, not an exception of the YAML library', () => {
+  it('refuses an alias bomb and deep nesting with a InputError, not an exception of the YAML library', () => {
     // "Billion laughs": each level doubles the last; expanded it would be 2^30 strings.
     const levels = Array.from({ length: 30 }, (_, i) => `l${i + 1}: &l${i + 1} [*l${i}, *l${i}]`);
     const bomb = `l0: &l0 "lol"\n${levels.join('\n')}\nmetadata: {name: p}\n`;
-    expect(() => parsePodYaml(bomb, 'bomb.yaml')).toThrow(SpecError);
+    expect(() => parsePodYaml(bomb, 'bomb.yaml')).toThrow(InputError);
     expect(() => parsePodYaml(bomb, 'bomb.yaml')).toThrow(/^bomb\.yaml: not a usable YAML document: .*alias/i);
     const deep = `metadata: {name: p}\nx: ${'['.repeat(100_000)}${']'.repeat(100_000)}\n`;
-    expect(() => parsePodYaml(deep, 'deep.yaml')).toThrow(SpecError);
+    expect(() => parsePodYaml(deep, 'deep.yaml')).toThrow(InputError);
     expect(() => parsePodYaml(deep, 'deep.yaml')).toThrow(/^deep\.yaml: .*(nested too deeply|not valid YAML)/);
   });
 });

@@ -1,9 +1,9 @@
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
+import { MAX_FORWARDS } from '../../src/contract/annotations.js';
 import { MAX_PRELUDE_BYTES, renderPrelude } from '../../src/render/prelude.js';
 import { bootSource } from '../../src/render/relay-source.js';
-import { MAX_FORWARDS } from '../../src/spec/annotations.js';
 import { requestFor } from './render-fixtures.js';
 
 /** The longest SocketRoot whose socket paths still fit (`<root>/bh-<16 hex>/socks.sock` ≤ 107 bytes). */

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { redisTarget } from '../../src/cli/redis-target.js';
-import { parseRedisUrl, RedisUrlError, redisUrlHasPassword } from '../../src/spec/redis-url.js';
-import { parseSiteConfig } from '../../src/spec/site-config.js';
+import { parseRedisUrl, RedisUrlError, redisUrlHasPassword } from '../../src/contract/redis-url.js';
+import { parseSiteConfig } from '../../src/contract/site-config.js';
 
 const SSH = { LoginHost: 'login.example.org', User: 'hpc', KeyFile: '/k', KnownHostsFile: '/kh' };
 

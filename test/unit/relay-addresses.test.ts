@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatAddresses } from '../../src/cli/status-format.js';
+import { bindAddress } from '../../src/contract/derivations.js';
 import {
   parseForwardsUp,
   parseRelayIsolation,
@@ -12,7 +13,6 @@ import {
   renderForwardsUp,
   renderRelayReady,
 } from '../../src/render/node-scripts.js';
-import { bindAddress } from '../../src/spec/derivations.js';
 
 const run = promisify(execFile);
 const UID = '6f1c2b7e-0000-4000-8000-000000000001';

@@ -1,7 +1,7 @@
-import { ANNOTATION } from '../../src/spec/annotations.js';
-import type { CarrierMode } from '../../src/spec/carrier-mode.js';
-import { parseReverseRequest, type ReverseRequest, requestContext } from '../../src/spec/reverse-request.js';
-import type { SiteConfig } from '../../src/spec/site-config.js';
+import { ANNOTATION } from '../../src/contract/annotations.js';
+import type { CarrierMode } from '../../src/contract/carrier-mode.js';
+import { parseReverseRequest, type ReverseRequest, requestContext } from '../../src/contract/reverse-request.js';
+import type { SiteConfig } from '../../src/contract/site-config.js';
 import { siteWith } from './spec-fixtures.js';
 
 /** Public keys made once with ssh-keygen (private halves discarded): only their shape matters here. */

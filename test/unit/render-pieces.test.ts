@@ -1,4 +1,7 @@
 import { describe, expect, it } from 'vitest';
+import { bindAddress, socketDir, withSlots } from '../../src/contract/derivations.js';
+import { InputError } from '../../src/contract/input-error.js';
+import type { PodRef } from '../../src/contract/pod.js';
 import {
   carrierCommands,
   carrierCommandTemplates,
@@ -23,19 +26,16 @@ import {
   renderSshdConfig,
   validateAuthorizedKey,
 } from '../../src/render/userspace-sshd.js';
-import { bindAddress, socketDir, withSlots } from '../../src/spec/derivations.js';
-import type { PodRef } from '../../src/spec/pod.js';
-import { SpecError } from '../../src/spec/spec-error.js';
 import { KEYS, requestFor } from './render-fixtures.js';
 
 const UID = '7c1b0f1e-3c4f-4a5e-9d2b-0123456789ab';
 
-function specError(fn: () => unknown): SpecError {
+function specError(fn: () => unknown): InputError {
   try {
     fn();
   } catch (err) {
-    expect(err).toBeInstanceOf(SpecError);
-    return err as SpecError;
+    expect(err).toBeInstanceOf(InputError);
+    return err as InputError;
   }
   throw new Error('no error thrown');
 }
@@ -174,7 +174,7 @@ describe('socket path length', () => {
     const wide = requestFor('node', '65535:redis:6379', undefined);
     expect(() => renderPrelude(wide.request, { ...site.Network.SSH.Reverse, SocketRoot: fits })).not.toThrow();
     expect(() => renderPrelude(wide.request, { ...site.Network.SSH.Reverse, SocketRoot: `${fits}x` })).toThrow(
-      SpecError,
+      InputError,
     );
   });
 });
@@ -261,10 +261,10 @@ describe('user-space sshd', () => {
       authorizedKey: KEYS.ed25519,
       clientAliveIntervalS: 15,
     };
-    expect(() => renderBootstrap({ ...base, authorizedKey: 'no' })).toThrow(SpecError);
-    expect(() => renderBootstrap({ ...base, sshdPath: 'sshd' })).toThrow(SpecError);
-    expect(() => renderBootstrap({ ...base, socketDir: '/tmp/a b' })).toThrow(SpecError);
-    expect(() => renderBootstrap({ ...base, clientAliveIntervalS: 0 })).toThrow(SpecError);
+    expect(() => renderBootstrap({ ...base, authorizedKey: 'no' })).toThrow(InputError);
+    expect(() => renderBootstrap({ ...base, sshdPath: 'sshd' })).toThrow(InputError);
+    expect(() => renderBootstrap({ ...base, socketDir: '/tmp/a b' })).toThrow(InputError);
+    expect(() => renderBootstrap({ ...base, clientAliveIntervalS: 0 })).toThrow(InputError);
   });
 });
 
@@ -305,7 +305,7 @@ describe('carrier commands', () => {
 
   it.each(['', '12a', '1;id', '$(id)', '-1', '123_', '_1', '1 2', '1\n2', '4242_7_1'])('refuses job id %j', (jobId) => {
     expect(specError(() => validateJobId(jobId)).field).toBe('jobId');
-    expect(() => carrierCommands('srun', settings, { jobId, batchHost: 'node-001' })).toThrow(SpecError);
+    expect(() => carrierCommands('srun', settings, { jobId, batchHost: 'node-001' })).toThrow(InputError);
   });
 
   it.each(['node001', 'n1.cluster.local', 'gpu_node-01', 'NODE7'])('accepts batch host %s', (host) => {
@@ -325,7 +325,7 @@ describe('carrier commands', () => {
     `${'a'.repeat(254)}`,
   ])('refuses batch host %j', (host) => {
     expect(specError(() => validateBatchHost(host)).field).toBe('batchHost');
-    expect(() => carrierCommands('node', settings, { jobId: '1', batchHost: host })).toThrow(SpecError);
+    expect(() => carrierCommands('node', settings, { jobId: '1', batchHost: host })).toThrow(InputError);
   });
 });
 

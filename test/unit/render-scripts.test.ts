@@ -6,6 +6,8 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { CarrierMode } from '../../src/contract/carrier-mode.js';
+import { socketDir } from '../../src/contract/derivations.js';
 import { carrierCommands } from '../../src/render/carrier-command.js';
 import {
   renderForwardsUp,
@@ -21,8 +23,6 @@ import { renderDeliverRelay } from '../../src/render/relay-delivery.js';
 import { relaySource } from '../../src/render/relay-source.js';
 import { shellQuote, shellWord } from '../../src/render/shell-quote.js';
 import { renderBootstrap } from '../../src/render/userspace-sshd.js';
-import type { CarrierMode } from '../../src/spec/carrier-mode.js';
-import { socketDir } from '../../src/spec/derivations.js';
 import { FORWARDS, KEYS, requestFor, type TargetKind } from './render-fixtures.js';
 
 const execFileAsync = promisify(execFile);

@@ -1,9 +1,9 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { ANNOTATION, REVERSE_ANNOTATIONS } from '../../src/contract/annotations.js';
+import { InputError } from '../../src/contract/input-error.js';
+import { parseReverseRequest, type ReverseRequest } from '../../src/contract/reverse-request.js';
 import { renderPrelude } from '../../src/render/prelude.js';
-import { ANNOTATION, REVERSE_ANNOTATIONS } from '../../src/spec/annotations.js';
-import { parseReverseRequest, type ReverseRequest } from '../../src/spec/reverse-request.js';
-import { SpecError } from '../../src/spec/spec-error.js';
 import { contextWith, siteWith } from './spec-fixtures.js';
 
 const RELAY = '# relay source stand-in\n';
@@ -101,7 +101,7 @@ const BASELINE = renderPrelude(
 );
 
 describe('annotation grammar, properties', () => {
-  it('any annotation values give a valid request or a SpecError naming the annotation, never another exception', () => {
+  it('any annotation values give a valid request or a InputError naming the annotation, never another exception', () => {
     let accepted = 0;
     fc.assert(
       fc.property(
@@ -118,10 +118,10 @@ describe('annotation grammar, properties', () => {
           try {
             request = parseReverseRequest(annotations, ctx);
           } catch (err) {
-            expect(err).toBeInstanceOf(SpecError);
-            const field = (err as SpecError).field;
+            expect(err).toBeInstanceOf(InputError);
+            const field = (err as InputError).field;
             expect(REVERSE_ANNOTATIONS as readonly string[]).toContain(field);
-            expect((err as SpecError).message.startsWith(field)).toBe(true);
+            expect((err as InputError).message.startsWith(field)).toBe(true);
             return;
           }
           if (!request) return;

@@ -1,22 +1,22 @@
 import { describe, expect, it } from 'vitest';
-import { ANNOTATION } from '../../src/spec/annotations.js';
-import { parseReverseRequest } from '../../src/spec/reverse-request.js';
-import { SpecError } from '../../src/spec/spec-error.js';
+import { ANNOTATION } from '../../src/contract/annotations.js';
+import { InputError } from '../../src/contract/input-error.js';
+import { parseReverseRequest } from '../../src/contract/reverse-request.js';
 import { contextWith } from './spec-fixtures.js';
 
 const FWD = ANNOTATION.forwards;
 
-function refused(annotations: Record<string, string>, ctx = contextWith()): SpecError {
+function refused(annotations: Record<string, string>, ctx = contextWith()): InputError {
   try {
     parseReverseRequest(annotations, ctx);
   } catch (err) {
-    expect(err).toBeInstanceOf(SpecError);
-    return err as SpecError;
+    expect(err).toBeInstanceOf(InputError);
+    return err as InputError;
   }
   throw new Error(`accepted: ${JSON.stringify(annotations)}`);
 }
 
-describe('interlink.eu/reverse-forwards grammar (ARCHITECTURE.md §3.1)', () => {
+describe('interlink.eu/reverse-forwards grammar (ARCHITECTURE.md, "Annotations")', () => {
   it('quotes a huge or hostile entry once, cut short and escaped, in its refusal', () => {
     const huge = `${'a_'.repeat(200_000)}:80`;
     const err = refused({ [FWD]: huge });

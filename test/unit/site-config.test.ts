@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { parseDuration } from '../../src/spec/duration.js';
-import { parseSiteConfigYaml } from '../../src/spec/site-config.js';
-import { SpecError } from '../../src/spec/spec-error.js';
+import { parseDuration } from '../../src/contract/duration.js';
+import { InputError } from '../../src/contract/input-error.js';
+import { parseSiteConfigYaml } from '../../src/contract/site-config.js';
 
 const BASE = `
 Network:
@@ -12,12 +12,12 @@ Network:
     KnownHostsFile: /secrets/known_hosts
 `;
 
-function refusal(yaml: string): SpecError {
+function refusal(yaml: string): InputError {
   try {
     parseSiteConfigYaml(yaml);
   } catch (err) {
-    expect(err).toBeInstanceOf(SpecError);
-    return err as SpecError;
+    expect(err).toBeInstanceOf(InputError);
+    return err as InputError;
   }
   throw new Error('accepted');
 }
@@ -37,7 +37,7 @@ describe('durations', () => {
   });
 });
 
-describe('site configuration (ARCHITECTURE.md §3.2)', () => {
+describe('site configuration (ARCHITECTURE.md, "Site configuration")', () => {
   it('fills the documented defaults', () => {
     const cfg = parseSiteConfigYaml(BASE);
     expect(cfg.Network.SSH).toMatchObject({

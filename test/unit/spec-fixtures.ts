@@ -1,5 +1,5 @@
-import { type RequestContext, requestContext } from '../../src/spec/reverse-request.js';
-import { parseSiteConfig, type ReverseConfig, type SiteConfig } from '../../src/spec/site-config.js';
+import { type RequestContext, requestContext } from '../../src/contract/reverse-request.js';
+import { parseSiteConfig, type ReverseConfig, type SiteConfig } from '../../src/contract/site-config.js';
 
 /**
  * An endpoint policy that admits every endpoint it can: the grammar tests are about the grammar

@@ -12,7 +12,7 @@ import type { TestUser } from '../sandbox/users.js';
 import type { DemoPod } from './stack.js';
 
 /**
- * What a pod may leave behind (ARCHITECTURE.md §7: no stale socket, process, lease or Redis key after
+ * What a pod may leave behind (ARCHITECTURE.md, "Aims (what good looks like)": no stale socket, process, lease or Redis key after
  * teardown), checked from the outside: the node's files, the process table, Slurm and Redis. The one
  * leftovers checker of the demo and the tests.
  */

@@ -4,7 +4,7 @@ import { promisify } from 'node:util';
 
 const execFileAsync = promisify(execFile);
 
-/** The Debian packages the loopback site and the demo use (ARCHITECTURE.md §6). */
+/** The Debian packages the loopback site and the demo use (ARCHITECTURE.md, "How it is tested"). */
 export const DEMO_PACKAGES = [
   'openssh-server',
   'openssh-client',

@@ -2,14 +2,14 @@ import { randomUUID } from 'node:crypto';
 import { chown, mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { ANNOTATION } from '../../src/contract/annotations.js';
+import { parseReverseRequest, type ReverseRequest, requestContext } from '../../src/contract/reverse-request.js';
+import { parseSiteConfig, type SiteConfig } from '../../src/contract/site-config.js';
 import { silentLogger } from '../../src/log.js';
 import { type FleetDeps, fleetDeps } from '../../src/pods/fleet-deps.js';
 import { sendEvent } from '../../src/pods/queues.js';
 import { renderPrelude } from '../../src/render/prelude.js';
 import { renderSessionPlan, type SessionPlan } from '../../src/render/session-plan.js';
-import { ANNOTATION } from '../../src/spec/annotations.js';
-import { parseReverseRequest, type ReverseRequest, requestContext } from '../../src/spec/reverse-request.js';
-import { parseSiteConfig, type SiteConfig } from '../../src/spec/site-config.js';
 import { createRedis } from '../../src/store/redis.js';
 import {
   LOOPBACK_ENDPOINT_POLICY,

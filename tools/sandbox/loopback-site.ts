@@ -15,11 +15,11 @@ import {
 import { ensureUser, JOB_USER, type TestUser } from './users.js';
 
 /**
- * The whole HPC site on loopback (ARCHITECTURE.md §6), for the integration tests, the benches and the demo (`npm run demo`); in tools/, not in the package: the real Slurm (node `bhnode1` -> 127.0.0.1), a
+ * The whole HPC site on loopback (ARCHITECTURE.md, "How it is tested"), for the integration tests, the benches and the demo (`npm run demo`); in tools/, not in the package: the real Slurm (node `bhnode1` -> 127.0.0.1), a
  * "login" sshd on 127.0.0.1 and the compute node's own sshd, reached by the name bhnode1 (it listens
  * on 127.0.0.1 too). Both authorize one fresh client key for the job user `bhjob`; a known_hosts
  * file pins both host keys (login as `[127.0.0.1]:port`, node as `[bhnode1]:port`), and a site
- * configuration (src/spec/site-config.ts) points at all of it.
+ * configuration (src/contract/site-config.ts) points at all of it.
  */
 
 export type NodeForwarding = 'allowed' | 'refused';
@@ -47,7 +47,7 @@ export interface LoopbackSiteOptions {
   netns?: { name: string; loginListen: string; loginPort: number; nodePort: number };
 }
 
-/** The site configuration as data (before defaults), matching src/spec/site-config.ts. */
+/** The site configuration as data (before defaults), matching src/contract/site-config.ts. */
 /**
  * Everything in a loopback site is on 127.0.0.1 (the endpoints the tests and the demo dial too): the
  * endpoint policy must name loopback, which it never opens otherwise.

@@ -5,7 +5,7 @@ import { promisify } from 'node:util';
 import { ensureUser, type RunResult, runAs, type TestUser } from './users.js';
 
 /**
- * The real single-node Slurm of the loopback site (ARCHITECTURE.md §6; the tests' and the demo's), brought up by
+ * The real single-node Slurm of the loopback site (ARCHITECTURE.md, "How it is tested"; the tests' and the demo's), brought up by
  * scripts/slurm-up.sh and stopped by scripts/slurm-down.sh. Its one node is `bhnode1` (resolves to 127.0.0.1; not this host's name), so
  * `%B` of every job is `bhnode1`. Jobs are submitted as an unprivileged user and remembered, so a
  * suite's afterAll can cancel every job it submitted with cancelSubmittedJobs().

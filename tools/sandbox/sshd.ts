@@ -12,7 +12,7 @@ export { descendantsOf, isAlive } from './processes.js';
 
 /**
  * Real OpenSSH sshd instances on loopback ports for the loopback site of the tests and the demo
- * (ARCHITECTURE.md §6): they play the site's login node and the compute node's own sshd. Each instance is a root `sshd -D -e -f CFG`
+ * (ARCHITECTURE.md, "How it is tested"): they play the site's login node and the compute node's own sshd. Each instance is a root `sshd -D -e -f CFG`
  * with its own directory (host key, config, pid file, log, authorized keys), removed by stop().
  */
 

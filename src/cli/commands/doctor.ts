@@ -1,7 +1,7 @@
 import { type Command, InvalidArgumentError } from 'commander';
+import { isInputError } from '../../contract/input-error.js';
 import { validateBatchHost } from '../../render/carrier-command.js';
 import { DEFAULT_CHECK_TIMEOUT_MS, runDoctor } from '../../site/doctor/run-doctor.js';
-import { isSpecError } from '../../spec/spec-error.js';
 import { cliDuration } from '../cli-duration.js';
 import { renderDoctorTable } from '../doctor-table.js';
 import { CliError, EXIT } from '../exit-codes.js';
@@ -26,13 +26,13 @@ function nodeName(value: string): string {
   try {
     return validateBatchHost(value);
   } catch (err) {
-    if (isSpecError(err)) throw new InvalidArgumentError('expected a host name');
+    if (isInputError(err)) throw new InvalidArgumentError('expected a host name');
     throw err;
   }
 }
 
 /**
- * `backhaul doctor` (ARCHITECTURE.md §3.10): checks a site before going live and says what to change.
+ * `backhaul doctor` (ARCHITECTURE.md, "The command line"): checks a site before going live and says what to change.
  * Exit 0 when every check passes (or is skipped), 1 when one fails, 2 for bad usage or configuration.
  */
 export function registerDoctor(program: Command): void {

@@ -1,10 +1,10 @@
 import { randomUUID } from 'node:crypto';
 import type { Command } from 'commander';
+import { parseReverseRequest, requestContext } from '../../contract/reverse-request.js';
 import { type PodEvent, type PodStateName, statesTagged } from '../../machines/pod-machine.js';
 import type { FleetDeps } from '../../pods/fleet-deps.js';
 import { loadPodRecord } from '../../pods/pod-reader.js';
 import { sendEvent } from '../../pods/queues.js';
-import { parseReverseRequest, requestContext } from '../../spec/reverse-request.js';
 import { cliDuration } from '../cli-duration.js';
 import { CliError, EXIT } from '../exit-codes.js';
 import { type FleetOption, fleetOptions, resolvePod, withFleet, withPodReader } from '../fleet-connection.js';

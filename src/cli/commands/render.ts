@@ -1,11 +1,11 @@
 import type { Command } from 'commander';
+import type { PodRef } from '../../contract/pod.js';
+import { parseReverseRequest, type ReverseRequest, requestContext } from '../../contract/reverse-request.js';
+import type { SiteConfig } from '../../contract/site-config.js';
 import { renderEpilog } from '../../render/epilog.js';
 import { renderPrelude } from '../../render/prelude.js';
 import { bootSource } from '../../render/relay-source.js';
 import { renderSessionPlan } from '../../render/session-plan.js';
-import type { PodRef } from '../../spec/pod.js';
-import { parseReverseRequest, type ReverseRequest, requestContext } from '../../spec/reverse-request.js';
-import type { SiteConfig } from '../../spec/site-config.js';
 import { CliError, EXIT } from '../exit-codes.js';
 import { type ConfigOption, fromFile, loadPod, loadSiteConfig } from '../inputs.js';
 

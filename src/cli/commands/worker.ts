@@ -1,9 +1,9 @@
 import { type Command, InvalidArgumentError } from 'commander';
+import { parseRedisUrl } from '../../contract/redis-url.js';
 import type { RunningFleet } from '../../fleet/fleet.js';
 import type { HealthServer } from '../../fleet/health.js';
 import { defaultHostId, ROLES, type Role } from '../../fleet/roles.js';
 import { createLogger } from '../../log.js';
-import { parseRedisUrl } from '../../spec/redis-url.js';
 import { createRedis } from '../../store/redis.js';
 import { type FleetOption, fleetOptions } from '../fleet-connection.js';
 import { loadSiteConfig } from '../inputs.js';

@@ -1,5 +1,5 @@
 /**
- * One row of `backhaul doctor` (ARCHITECTURE.md §3.10): what was checked, how it went, what was seen, and for
+ * One row of `backhaul doctor` (ARCHITECTURE.md, "The command line"): what was checked, how it went, what was seen, and for
  * a failure the concrete change that fixes it (a configuration key, an sshd option, a command).
  */
 

@@ -1,6 +1,6 @@
 import type { Client } from 'ssh2';
-import type { CarrierMode } from '../../spec/carrier-mode.js';
-import type { SiteConfig } from '../../spec/site-config.js';
+import type { CarrierMode } from '../../contract/carrier-mode.js';
+import type { SiteConfig } from '../../contract/site-config.js';
 import type { KnownHostEntry } from '../../ssh/known-hosts.js';
 import type { ServerMessages } from '../../ssh/ssh-connect.js';
 
@@ -37,7 +37,7 @@ export function acceptsAnyLoginKey(config: SiteConfig): boolean {
   return config.Network.SSH.InsecureAcceptAnyHostKey && !config.Network.SSH.KnownHostsFile;
 }
 
-/** SocketRoot without trailing slashes, as src/spec/derivations.ts joins it. */
+/** SocketRoot without trailing slashes, as src/contract/derivations.ts joins it. */
 export function socketRoot(config: SiteConfig): string {
   const root = config.Network.SSH.Reverse.SocketRoot;
   const trimmed = root.length > 1 ? root.replace(/\/+$/, '') : root;

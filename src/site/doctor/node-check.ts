@@ -1,5 +1,5 @@
+import { isInputError } from '../../contract/input-error.js';
 import { validateBatchHost } from '../../render/carrier-command.js';
-import { isSpecError } from '../../spec/spec-error.js';
 import { DirectTcpipError, openDirectTcpip } from '../../ssh/direct-tcpip.js';
 import { hostKeyName, verifyHostKey } from '../../ssh/known-hosts.js';
 import { connectSsh } from '../../ssh/ssh-connect.js';
@@ -42,7 +42,7 @@ async function pickNode(ctx: DoctorContext, deadline: number): Promise<{ node: s
   try {
     validateBatchHost(node);
   } catch (err) {
-    if (!isSpecError(err)) throw err;
+    if (!isInputError(err)) throw err;
     return fail('node', `sinfo names a node ${JSON.stringify(node)} that is not a host name`, 'pass --node HOST');
   }
   return { node, how: usable ? 'first usable node in sinfo' : 'first node in sinfo; none is idle or allocated' };

@@ -1,5 +1,5 @@
-import { carrierMode } from '../../spec/carrier-mode.js';
-import type { SiteConfig } from '../../spec/site-config.js';
+import { carrierMode } from '../../contract/carrier-mode.js';
+import type { SiteConfig } from '../../contract/site-config.js';
 import {
   bounded,
   type CheckName,

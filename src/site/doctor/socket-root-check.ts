@@ -1,7 +1,7 @@
 import path from 'node:path';
+import { MAX_FORWARDS } from '../../contract/annotations.js';
+import { MAX_SOCKET_PATH_BYTES, socketDir, socketPath } from '../../contract/derivations.js';
 import { shellQuote } from '../../render/shell-quote.js';
-import { MAX_FORWARDS } from '../../spec/annotations.js';
-import { MAX_SOCKET_PATH_BYTES, socketDir, socketPath } from '../../spec/derivations.js';
 import { type CheckResult, fail, lastLines, pass } from './check-result.js';
 import type { DoctorContext } from './doctor-context.js';
 import { runScript } from './remote-run.js';

@@ -1,4 +1,4 @@
-/** The pod annotations backhaul reads and writes (ARCHITECTURE.md §3.1). */
+/** The pod annotations backhaul reads and writes (ARCHITECTURE.md, "Annotations"). */
 export const ANNOTATION = {
   forwards: 'interlink.eu/reverse-forwards',
   socksPort: 'interlink.eu/reverse-socks-port',

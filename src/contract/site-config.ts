@@ -2,11 +2,11 @@ import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { duration } from './duration.js';
 import { endpointPolicySchema } from './endpoint-policy.js';
+import { InputError } from './input-error.js';
 import { redisUrlProblem } from './redis-url.js';
-import { SpecError } from './spec-error.js';
 
 /**
- * ARCHITECTURE.md §3.2. The `Network.SSH` keys follow interLink's own configuration so site admins can reuse
+ * ARCHITECTURE.md, "Site configuration". The `Network.SSH` keys follow interLink's own configuration so site admins can reuse
  * theirs; `Backhaul` holds what only backhaul needs. Every object is strict: an unknown key stops
  * start-up with its path, because a typo in a security setting must not be silently ignored.
  */
@@ -339,7 +339,7 @@ export const backhaulSchema = z.strictObject({
       "Host name → IPv4 address, like a pod's hostAliases: the fleet dials a forward's endpoint (and a SOCKS target) at this address instead of resolving the name. For a fleet outside the cluster's DNS (the demo).",
     ),
   Kubernetes: kubernetesSchema.prefault({}),
-  /** What pods may reach through their tunnels (src/spec/endpoint-policy.ts; docs/OPERATING.md "What a pod may reach"). */
+  /** What pods may reach through their tunnels (src/contract/endpoint-policy.ts; docs/OPERATING.md "What a pod may reach"). */
   EndpointPolicy: endpointPolicySchema.prefault({}),
 });
 
@@ -364,21 +364,21 @@ export type SiteConfig = z.output<typeof siteConfigSchema>;
 export type ReverseConfig = SiteConfig['Network']['SSH']['Reverse'];
 export type KubernetesConfig = SiteConfig['Backhaul']['Kubernetes'];
 
-/** Validates already-parsed data (e.g. a ConfigMap value); throws SpecError naming the key path. */
+/** Validates already-parsed data (e.g. a ConfigMap value); throws InputError naming the key path. */
 export function parseSiteConfig(data: unknown): SiteConfig {
   const result = siteConfigSchema.safeParse(data ?? {});
   if (result.success) return result.data;
   const issue = result.error.issues[0];
-  if (!issue) throw new SpecError('site configuration', 'invalid');
+  if (!issue) throw new InputError('site configuration', 'invalid');
   if (issue.code === 'unrecognized_keys') {
     return unknownKey(issue.path, issue.keys[0] ?? '?');
   }
-  throw new SpecError(keyPath(issue.path), describeIssue(issue));
+  throw new InputError(keyPath(issue.path), describeIssue(issue));
 }
 
 function unknownKey(path: PropertyKey[], key: string): never {
   const known = objectKeysAt(siteConfigSchema, path);
-  throw new SpecError(keyPath([...path, key]), 'unknown key', {
+  throw new InputError(keyPath([...path, key]), 'unknown key', {
     accepted: known.length > 0 ? known.join(', ') : undefined,
   });
 }
@@ -406,7 +406,7 @@ export function parseSiteConfigYaml(text: string, source = 'site configuration')
   try {
     data = parseYaml(text, { prettyErrors: true, uniqueKeys: true });
   } catch (err) {
-    throw new SpecError(source, `not valid YAML: ${(err as Error).message}`);
+    throw new InputError(source, `not valid YAML: ${(err as Error).message}`);
   }
   return parseSiteConfig(data);
 }

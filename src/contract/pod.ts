@@ -1,6 +1,6 @@
 import { parseAllDocuments } from 'yaml';
 import { z } from 'zod';
-import { SpecError } from './spec-error.js';
+import { InputError } from './input-error.js';
 
 /** What backhaul needs of a pod; everything else in the manifest is ignored. */
 export interface PodRef {
@@ -34,7 +34,7 @@ export function parsePod(data: unknown, source = 'pod'): PodRef {
   if (!result.success) {
     const issue = result.error.issues[0];
     const path = issue && issue.path.length > 0 ? issue.path.map(String).join('.') : source;
-    throw new SpecError(path, issue?.message ?? 'invalid pod');
+    throw new InputError(path, issue?.message ?? 'invalid pod');
   }
   const { metadata, spec } = result.data;
   return {
@@ -50,18 +50,18 @@ export function parsePod(data: unknown, source = 'pod'): PodRef {
 export function parsePodYaml(text: string, source = 'pod'): PodRef {
   const docs = yamlDocuments(text, source);
   if (!Array.isArray(docs) || docs.length !== 1) {
-    throw new SpecError(source, 'expected exactly one YAML document holding a Pod');
+    throw new InputError(source, 'expected exactly one YAML document holding a Pod');
   }
   const [doc] = docs;
   if (!doc || doc.errors.length > 0) {
-    throw new SpecError(source, `not valid YAML: ${doc?.errors[0]?.message ?? 'empty'}`);
+    throw new InputError(source, `not valid YAML: ${doc?.errors[0]?.message ?? 'empty'}`);
   }
   let data: unknown;
   try {
     // maxAliasCount: a "billion laughs" document expands aliases exponentially; a pod has no need of many.
     data = doc.toJS({ maxAliasCount: 100 });
   } catch (err) {
-    throw new SpecError(source, `not a usable YAML document: ${yamlFailure(err)}`);
+    throw new InputError(source, `not a usable YAML document: ${yamlFailure(err)}`);
   }
   return parsePod(data, source);
 }
@@ -70,7 +70,7 @@ function yamlDocuments(text: string, source: string): ReturnType<typeof parseAll
   try {
     return parseAllDocuments(text, { uniqueKeys: true });
   } catch (err) {
-    throw new SpecError(source, `not valid YAML: ${yamlFailure(err)}`);
+    throw new InputError(source, `not valid YAML: ${yamlFailure(err)}`);
   }
 }
 

@@ -1,5 +1,5 @@
+import { InputError } from './input-error.js';
 import type { KubernetesConfig } from './site-config.js';
-import { SpecError } from './spec-error.js';
 
 /**
  * What the watch role found in the cluster about a pod, carried to its machine with the pod's
@@ -20,7 +20,7 @@ export function clusterChecksOn(cfg: Pick<KubernetesConfig, 'NamespaceLabel' | '
   return cfg.NamespaceLabel !== '' || cfg.NetworkPolicies;
 }
 
-/** Throws SpecError unless the watch role checked the pod and found nothing against it. */
+/** Throws InputError unless the watch role checked the pod and found nothing against it. */
 export function requireClusterVerdict(
   annotations: Readonly<Record<string, string>>,
   cfg: Pick<KubernetesConfig, 'NamespaceLabel' | 'NetworkPolicies'>,
@@ -30,9 +30,9 @@ export function requireClusterVerdict(
   const verdict = annotations[CLUSTER_VERDICT];
   if (verdict === 'ok') return;
   if (verdict?.startsWith('refused: ')) {
-    throw new SpecError('cluster', verdict.slice('refused: '.length));
+    throw new InputError('cluster', verdict.slice('refused: '.length));
   }
-  throw new SpecError(
+  throw new InputError(
     'cluster',
     `pod of namespace ${namespace} was not checked against the cluster (namespace label ${cfg.NamespaceLabel || '(any)'}, NetworkPolicies ${cfg.NetworkPolicies ? 'on' : 'off'}): only the watch role may start machines on this site`,
     { accepted: 'pods sent by backhaul watch; or Backhaul.Kubernetes.NamespaceLabel "" and NetworkPolicies false' },

@@ -2,8 +2,8 @@ import { ANNOTATION, MAX_FORWARDS, MIN_LISTEN_PORT, REVERSE_ANNOTATIONS } from '
 import { repeatOnAddress, withSlots } from './derivations.js';
 import { type EndpointPolicy, NamespaceEndpointPolicy } from './endpoint-policy.js';
 import { isDnsName, isIpv4, serviceAddress } from './host-names.js';
+import { InputError, quote } from './input-error.js';
 import type { ReverseConfig, SiteConfig } from './site-config.js';
-import { quote, SpecError } from './spec-error.js';
 
 export type NodeExec = 'ssh' | 'srun';
 
@@ -52,7 +52,7 @@ export function hasReverseAnnotations(annotations: Readonly<Record<string, strin
 
 /**
  * Validates the reverse annotations of one pod. Returns undefined for a pod that asks for nothing;
- * throws SpecError naming the annotation, the entry and what would be accepted.
+ * throws InputError naming the annotation, the entry and what would be accepted.
  */
 export function parseReverseRequest(
   annotations: Readonly<Record<string, string>>,
@@ -62,12 +62,12 @@ export function parseReverseRequest(
   const present = REVERSE_ANNOTATIONS.filter((name) => annotations[name] !== undefined);
   const first = present[0] ?? ANNOTATION.forwards;
   if (!ctx.reverse.Enabled) {
-    throw new SpecError(first, 'reverse forwards are not enabled on this site', {
+    throw new InputError(first, 'reverse forwards are not enabled on this site', {
       accepted: 'a pod without interlink.eu/reverse-* annotations (the site sets Network.SSH.Reverse.Enabled: false)',
     });
   }
   if (annotations[ANNOTATION.podVpn] !== undefined) {
-    throw new SpecError(first, `cannot be combined with ${ANNOTATION.podVpn}`, {
+    throw new InputError(first, `cannot be combined with ${ANNOTATION.podVpn}`, {
       accepted: `either ${ANNOTATION.podVpn} or the interlink.eu/reverse-* annotations, not both`,
     });
   }
@@ -75,7 +75,7 @@ export function parseReverseRequest(
   const socksPort = parseSocksPort(annotations[ANNOTATION.socksPort], forwards, ctx);
   const nodeExec = parseNodeExec(annotations[ANNOTATION.nodeExec], ctx);
   if (forwards.length === 0 && socksPort === undefined) {
-    throw new SpecError(ANNOTATION.forwards, 'no forwards declared', {
+    throw new InputError(ANNOTATION.forwards, 'no forwards declared', {
       accepted: `at least one entry: ${ENTRY_ACCEPTED}`,
     });
   }
@@ -87,7 +87,7 @@ function parseForwards(value: string | undefined, ctx: RequestContext): Forward[
   const entries = value.split(/\s+/).filter((e) => e.length > 0);
   const field = ANNOTATION.forwards;
   if (entries.length > MAX_FORWARDS) {
-    throw new SpecError(field, `${entries.length} entries; at most ${MAX_FORWARDS} are allowed`, {
+    throw new InputError(field, `${entries.length} entries; at most ${MAX_FORWARDS} are allowed`, {
       accepted: `up to ${MAX_FORWARDS} entries separated by white space`,
     });
   }
@@ -102,7 +102,7 @@ function parseForwards(value: string | undefined, ctx: RequestContext): Forward[
       forward.names.length === 0
         ? "IPv4 endpoints are reached at the pod's first address"
         : `both are ${forward.dialHost}`;
-    throw new SpecError(
+    throw new InputError(
       field,
       `listen port ${forward.listenPort} is already used by ${quote(entries[repeat.previous] ?? '')} on the same address (${shared})`,
       {
@@ -117,7 +117,7 @@ function parseForwards(value: string | undefined, ctx: RequestContext): Forward[
 function parseForwardEntry(entry: string, ctx: RequestContext, policy: NamespaceEndpointPolicy): Forward {
   const field = ANNOTATION.forwards;
   const fail = (problem: string, accepted = ENTRY_ACCEPTED): never => {
-    throw new SpecError(field, problem, { entry, accepted });
+    throw new InputError(field, problem, { entry, accepted });
   };
   if (/\/udp$/i.test(entry))
     fail('SSH forwards carry TCP only; UDP cannot be forwarded', 'a TCP endpoint: host:port or listenPort:host:port');
@@ -157,7 +157,7 @@ function parseForwardEntry(entry: string, ctx: RequestContext, policy: Namespace
   const address = serviceAddress(host, ctx.podNamespace, ctx.clusterDomain);
   const refusal = policy.refusal({ host, port, service: address.service });
   if (refusal !== undefined) {
-    throw new SpecError(field, `endpoint not allowed: ${refusal}`, {
+    throw new InputError(field, `endpoint not allowed: ${refusal}`, {
       entry,
       accepted: `an endpoint the site's endpoint policy allows (by default: Services of namespace ${ctx.podNamespace} and the Kubernetes API)`,
     });
@@ -177,13 +177,13 @@ function parseSocksPort(value: string | undefined, forwards: Forward[], ctx: Req
   const field = ANNOTATION.socksPort;
   const text = value.trim();
   if (!ctx.reverse.AllowSocks) {
-    throw new SpecError(field, 'SOCKS is not allowed on this site', {
+    throw new InputError(field, 'SOCKS is not allowed on this site', {
       entry: text,
       accepted: `explicit forwards in ${ANNOTATION.forwards} (the site sets Network.SSH.Reverse.AllowSocks: false)`,
     });
   }
   if (!PORT.test(text) || Number(text) > 65535 || Number(text) < MIN_LISTEN_PORT) {
-    throw new SpecError(field, 'not a port number of 1024 or more', {
+    throw new InputError(field, 'not a port number of 1024 or more', {
       entry: text,
       accepted: 'one port 1024-65535, e.g. 11080',
     });
@@ -191,7 +191,7 @@ function parseSocksPort(value: string | undefined, forwards: Forward[], ctx: Req
   const port = Number(text);
   const clash = forwards.find((f) => f.listenPort === port);
   if (clash) {
-    throw new SpecError(field, `port ${port} is already a listen port of ${ANNOTATION.forwards}`, {
+    throw new InputError(field, `port ${port} is already a listen port of ${ANNOTATION.forwards}`, {
       entry: text,
       accepted: 'a port 1024-65535 that no forward listens on',
     });
@@ -204,10 +204,10 @@ function parseNodeExec(value: string | undefined, ctx: RequestContext): NodeExec
   const field = ANNOTATION.nodeExec;
   const text = value.trim();
   if (text !== 'ssh' && text !== 'srun') {
-    throw new SpecError(field, 'unknown node exec', { entry: text, accepted: '"ssh" or "srun"' });
+    throw new InputError(field, 'unknown node exec', { entry: text, accepted: '"ssh" or "srun"' });
   }
   if (!ctx.reverse.AllowNodeExecOverride) {
-    throw new SpecError(field, 'this site does not let pods choose how the carrier reaches the node', {
+    throw new InputError(field, 'this site does not let pods choose how the carrier reaches the node', {
       entry: text,
       accepted: `no ${field} annotation (the site uses NodeExec: ${ctx.reverse.NodeExec}; it would need Network.SSH.Reverse.AllowNodeExecOverride: true)`,
     });

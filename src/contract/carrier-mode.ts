@@ -2,7 +2,7 @@ import type { NodeExec } from './reverse-request.js';
 import type { ReverseConfig } from './site-config.js';
 
 /**
- * ARCHITECTURE.md §3.6: how the session host reaches an sshd on the batch host.
+ * ARCHITECTURE.md, "Carriers and shadow sessions": how the session host reaches an sshd on the batch host.
  * - node: jump through the login node to the node's own sshd;
  * - userspace: ssh to the node, exec a user-space `sshd -i` (for nodes whose sshd refuses forwarding);
  * - srun: `srun --overlap` a user-space `sshd -i` into the job (for sites that forbid ssh to nodes).

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { quote } from './spec-error.js';
+import { quote } from './input-error.js';
 
 const UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
 const DURATION = /^(?:\d+(?:ms|s|m|h|d))+$/;

@@ -6,8 +6,8 @@ import { quote } from './display-text.js';
  * `entry` the offending value when there is one; `accepted` what would have been accepted.
  * Callers turn it into exit code 2, an admission refusal, or an UnrecoverableError.
  */
-export class SpecError extends Error {
-  override readonly name = 'SpecError';
+export class InputError extends Error {
+  override readonly name = 'InputError';
   readonly field: string;
   readonly entry: string | undefined;
   readonly accepted: string | undefined;
@@ -22,8 +22,8 @@ export class SpecError extends Error {
   }
 }
 
-export function isSpecError(err: unknown): err is SpecError {
-  return err instanceof SpecError;
+export function isInputError(err: unknown): err is InputError {
+  return err instanceof InputError;
 }
 
 export { quote } from './display-text.js';

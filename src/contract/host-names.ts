@@ -1,6 +1,6 @@
 /**
  * Host names as the annotation grammar accepts them, and the names a workload may use for a
- * Service (ARCHITECTURE.md §3.1: `<fqdn> <name>.<ns>.svc <name>.<ns>`, and `<name>` in the pod's namespace).
+ * Service (ARCHITECTURE.md, "Annotations": `<fqdn> <name>.<ns>.svc <name>.<ns>`, and `<name>` in the pod's namespace).
  */
 
 const LABEL = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/;
