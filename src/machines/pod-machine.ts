@@ -196,6 +196,7 @@ export const podMachine = setup({
       teardownReason: teardownReasonOf(event) ?? context.teardownReason,
     })),
     notePodDeleted: assign({ podDeleted: true }),
+    notePlan: assign(({ event }) => (event.type === 'STEP_DONE' && event.plan ? { plan: event.plan } : {})),
     noteError: assign(({ context, event }) => {
       const { kind, message } = errorOf(context, event);
       return { lastError: { kind, message, at: event.at } };
@@ -306,7 +307,7 @@ export const podMachine = setup({
       meta: { step: 'render', pure: true },
       entry: { type: 'runStep', params: ({ context }) => ({ step: 'render', generation: context.generation }) },
       on: {
-        STEP_DONE: { guard: stepGuard('render'), target: 'shadow' },
+        STEP_DONE: { guard: stepGuard('render'), target: 'shadow', actions: 'notePlan' },
         STEP_FAILED: { guard: stepGuard('render'), target: 'failed', actions: 'noteError' },
       },
     },

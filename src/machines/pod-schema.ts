@@ -38,6 +38,11 @@ export const podInputSchema = z
   }) satisfies z.ZodType<PodInput>;
 
 /** One loopback address per Service group; a pod has at most 64 forwards. */
+/** The render step's plan: a digest of the site configuration, and the plan as JSON (its shape is render's). */
+const renderedPlan = z.object({
+  site: z.string().regex(/^[0-9a-f]{64}$/, 'a SHA-256 digest in hex'),
+  plan: z.record(z.string(), z.unknown()),
+});
 const relayAddresses = z.array(z.string().min(1).max(15)).min(1).max(64);
 const isolation = z.object({ relay: z.enum(['job', 'user']), sockets: z.enum(['job', 'user']) });
 
@@ -62,6 +67,7 @@ export const podContextSchema = z.object({
   forwardsReadyAt: ms.nullable(),
   relayAddresses: relayAddresses.optional(),
   isolation: isolation.optional(),
+  plan: renderedPlan.optional(),
   podDeleted: z.boolean(),
   teardownReason: z.string().nullable(),
 }) satisfies z.ZodType<PodContext>;
@@ -80,7 +86,7 @@ export const podEventSchema = z.discriminatedUnion('type', [
   z.object({ type: z.literal('POD_DELETED'), ...at }),
   z.object({ type: z.literal('RETRY'), ...at }),
   z.object({ type: z.literal('TEARDOWN'), ...at, reason: z.string() }),
-  z.object({ type: z.literal('STEP_DONE'), ...at, step, generation: ms.optional() }),
+  z.object({ type: z.literal('STEP_DONE'), ...at, step, generation: ms.optional(), plan: renderedPlan.optional() }),
   z.object({ type: z.literal('STEP_FAILED'), ...at, step, generation: ms.optional(), error: podError.optional() }),
   z.object({ type: z.literal('DEADLINE'), ...at, name: z.enum(DEADLINE_NAMES), ...gen }),
   z.object({ type: z.literal('SHADOW_UP'), ...at, ...report, host: text }),

@@ -101,9 +101,21 @@ export interface PodContext extends PodLimits {
    * of the job's own. Absent from a relay too old to say.
    */
   isolation?: TunnelIsolation;
+  /** The session plan the render step made, used by every launch of the pod; absent until rendered. */
+  plan?: RenderedPlan;
   podDeleted: boolean;
   /** Why the pod is being torn down (TEARDOWN's reason, 'pod-deleted', 'job-ended', 'sockets-vanished'). */
   teardownReason: string | null;
+}
+
+/**
+ * A session plan as the render step made it (src/render/session-plan.ts: plain JSON, opaque to the
+ * machine), with the digest of the site configuration it was rendered from: a launch under another
+ * configuration renders it again, and says so.
+ */
+export interface RenderedPlan {
+  site: string;
+  plan: Record<string, unknown>;
 }
 
 // ---- events: every event carries `at` (epoch ms); the machine never reads the clock ----
@@ -141,6 +153,8 @@ export interface StepDoneEvent extends Timed {
   type: 'STEP_DONE';
   step: StepName;
   generation?: number;
+  /** The render step's plan (the render step only). */
+  plan?: RenderedPlan;
 }
 export interface StepFailedEvent extends Timed {
   type: 'STEP_FAILED';

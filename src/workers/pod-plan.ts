@@ -1,9 +1,10 @@
+import { createHash } from 'node:crypto';
 import { ANNOTATION } from '../contract/annotations.js';
 import { requireClusterVerdict } from '../contract/cluster-verdict.js';
 import { InputError } from '../contract/input-error.js';
 import { parseReverseRequest, type ReverseRequest, requestContext } from '../contract/reverse-request.js';
 import type { SiteConfig } from '../contract/site-config.js';
-import type { PodContext } from '../machines/pod-machine.js';
+import type { PodContext, RenderedPlan } from '../machines/pod-machine.js';
 import { renderSessionPlan, type SessionPlan } from '../render/session-plan.js';
 
 /** The pod's request, validated against the site (throws InputError for bad input). */
@@ -21,8 +22,8 @@ export function requestOf(context: PodContext, config: SiteConfig): ReverseReque
   return request;
 }
 
-/** The session plan, rendered afresh where it is needed: it is a pure function of the pod and the site. */
-export function planOf(context: PodContext, config: SiteConfig): SessionPlan {
+/** The session plan of the pod and the site, rendered now (throws InputError for bad input). */
+function planOf(context: PodContext, config: SiteConfig): SessionPlan {
   return renderSessionPlan(
     {
       uid: context.uid,
@@ -34,4 +35,38 @@ export function planOf(context: PodContext, config: SiteConfig): SessionPlan {
     requestOf(context, config),
     config,
   );
+}
+
+const digests = new WeakMap<SiteConfig, string>();
+
+/** Which site configuration a plan was rendered from: a SHA-256 of the parsed configuration. */
+export function siteDigest(config: SiteConfig): string {
+  let digest = digests.get(config);
+  if (digest === undefined) {
+    digest = createHash('sha256').update(JSON.stringify(config)).digest('hex');
+    digests.set(config, digest);
+  }
+  return digest;
+}
+
+/** What the render step stores with the pod (throws InputError for bad input). */
+export function renderPlan(context: PodContext, config: SiteConfig): RenderedPlan {
+  return { site: siteDigest(config), plan: { ...planOf(context, config) } };
+}
+
+/** The plan a launch uses; `rendered` says why it was rendered again instead of taken as stored. */
+export interface LaunchPlan {
+  plan: SessionPlan;
+  rendered?: 'site-changed' | 'not-stored';
+}
+
+/**
+ * The stored plan, when the site configuration is the one it was rendered from: a relaunch serves what
+ * the pod was validated and rendered with. Under another configuration (the fleet restarted with a
+ * changed site file) it is rendered again on purpose, for the site as it is now.
+ */
+export function launchPlan(context: PodContext, config: SiteConfig): LaunchPlan {
+  const stored = context.plan;
+  if (stored && stored.site === siteDigest(config)) return { plan: stored.plan as unknown as SessionPlan };
+  return { plan: planOf(context, config), rendered: stored ? 'site-changed' : 'not-stored' };
 }

@@ -5,7 +5,7 @@ import { type PodContext, type PodEvent, PURE_STEPS, STATE_OF_STEP, type StepNam
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { type PodView, readPod } from '../pods/pod-reader.js';
 import { jobIds, jobState, sendEvent } from '../pods/queues.js';
-import { planOf, requestOf } from './pod-plan.js';
+import { launchPlan, renderPlan, requestOf } from './pod-plan.js';
 import { stopShadow } from './shadow-stop.js';
 
 export type StepOutcome = 'done' | 'failed' | 'stale';
@@ -49,8 +49,9 @@ export function pureStepResult(
 ): Extract<PodEvent, { type: 'STEP_DONE' | 'STEP_FAILED' }> {
   try {
     if (step === 'validate') requestOf(context, deps.config);
-    else if (step === 'render') planOf(context, deps.config);
-    else throw new Error(`step ${step} is not pure`);
+    else if (step === 'render') {
+      return { type: 'STEP_DONE', step, generation, plan: renderPlan(context, deps.config), at: deps.now() };
+    } else throw new Error(`step ${step} is not pure`);
     return { type: 'STEP_DONE', step, generation, at: deps.now() };
   } catch (err) {
     if (!isInputError(err)) throw err;
@@ -66,7 +67,14 @@ async function perform(deps: FleetDeps, pod: PodView, step: StepName, generation
     case 'render':
       throw new Error(`step ${step} is pure: pureStepResult runs it`);
     case 'launch': {
-      const plan = planOf(context, deps.config);
+      const { plan, rendered } = launchPlan(context, deps.config);
+      if (rendered) {
+        const why =
+          rendered === 'site-changed'
+            ? 'the site configuration changed since the pod was rendered'
+            : 'the pod has no stored plan';
+        deps.log.info({ uid: context.uid, generation }, `launch renders the session plan again: ${why}`);
+      }
       // The shadow runs for as long as the tunnel lives; a crashed host's job is picked up by another.
       await deps.queues.sessions.add(
         'shadow',

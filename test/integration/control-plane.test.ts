@@ -11,6 +11,7 @@ import { type FleetDeps, fleetDeps } from '../../src/pods/fleet-deps.js';
 import { jobIds, sendEvent } from '../../src/pods/queues.js';
 import { runEffects } from '../../src/workers/effects.js';
 import { type ApplyResult, applyPodEvent } from '../../src/workers/pod-events.js';
+import { siteDigest } from '../../src/workers/pod-plan.js';
 import { runStep } from '../../src/workers/step-runner.js';
 import { keysNaming, queueEntriesNaming } from '../../tools/demo/leftovers.js';
 import {
@@ -179,6 +180,9 @@ describe('control plane: steps and effects run twice give the same result', () =
     const sessions = await jobsOf(deps.queues.sessions, podUid);
     expect(sessions.map((j) => j.id)).toEqual([jobIds.session(podUid, 1)]);
     expect(await sessions[0]?.getState()).toBe('waiting');
+    // The plan is the one rendering stored with the pod, for the site configuration it runs with.
+    expect(launching.context.plan?.site).toBe(siteDigest(deps.config));
+    expect(sessions[0]?.data.plan).toEqual(launching.context.plan?.plan);
     // Launch reports nothing (the shadow's own reports move the machine on): no event is queued.
     expect(await deliver(podUid)).toEqual([]);
 

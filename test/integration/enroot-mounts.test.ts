@@ -9,7 +9,7 @@ import { renderSessionPlan } from '../../src/render/session-plan.js';
 import { ensureUser, JOB_USER, type TestUser } from '../../tools/sandbox/users.js';
 import { patchedAnnotations, podReview } from '../fixtures/admission-reviews.js';
 import { jsonPatch } from '../fixtures/fake-apiserver.js';
-import { siteWith } from '../unit/spec-fixtures.js';
+import { siteWith } from '../unit/contract-fixtures.js';
 import { deliverRelay, type RunningScript, startScript, uniqueUid } from './script-runner.js';
 
 /**

@@ -4,7 +4,7 @@ import { ANNOTATION } from '../../src/contract/annotations.js';
 import { displayText, QUOTE_MAX, quote } from '../../src/contract/display-text.js';
 import { InputError } from '../../src/contract/input-error.js';
 import { parseReverseRequest } from '../../src/contract/reverse-request.js';
-import { contextWith } from './spec-fixtures.js';
+import { contextWith } from './contract-fixtures.js';
 
 /** What must never reach a reader raw, written out by hand (not by the implementation's own classes). */
 const MUST_ESCAPE: ReadonlyArray<[number, number, string]> = [

@@ -13,7 +13,7 @@ import {
 } from '../../src/render/webhook-patch.js';
 import { patchedAnnotations, podReview } from '../fixtures/admission-reviews.js';
 import { jsonPatch } from '../fixtures/fake-apiserver.js';
-import { contextWith, siteWith } from './spec-fixtures.js';
+import { contextWith, siteWith } from './contract-fixtures.js';
 
 const FWD = ANNOTATION.forwards;
 const PRE = ANNOTATION.preExec;

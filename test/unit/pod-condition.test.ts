@@ -13,7 +13,7 @@ import { readinessGatePatch } from '../../src/render/webhook-patch.js';
 import { podReview } from '../fixtures/admission-reviews.js';
 import { jsonPatch } from '../fixtures/fake-apiserver.js';
 import { POD_INPUT } from '../fixtures/pod-input.js';
-import { siteWith } from './spec-fixtures.js';
+import { siteWith } from './contract-fixtures.js';
 
 const INPUT = POD_INPUT;
 const AT = Date.UTC(2026, 11, 3, 18, 0, 0, 750);

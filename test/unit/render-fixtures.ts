@@ -2,7 +2,7 @@ import { ANNOTATION } from '../../src/contract/annotations.js';
 import type { CarrierMode } from '../../src/contract/carrier-mode.js';
 import { parseReverseRequest, type ReverseRequest, requestContext } from '../../src/contract/reverse-request.js';
 import type { SiteConfig } from '../../src/contract/site-config.js';
-import { siteWith } from './spec-fixtures.js';
+import { siteWith } from './contract-fixtures.js';
 
 /** Public keys made once with ssh-keygen (private halves discarded): only their shape matters here. */
 export const KEYS = {

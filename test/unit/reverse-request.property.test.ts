@@ -4,7 +4,7 @@ import { ANNOTATION, REVERSE_ANNOTATIONS } from '../../src/contract/annotations.
 import { InputError } from '../../src/contract/input-error.js';
 import { parseReverseRequest, type ReverseRequest } from '../../src/contract/reverse-request.js';
 import { renderPrelude } from '../../src/render/prelude.js';
-import { contextWith, siteWith } from './spec-fixtures.js';
+import { contextWith, siteWith } from './contract-fixtures.js';
 
 const RELAY = '# relay source stand-in\n';
 const reverse = siteWith({ AllowSocks: true, AllowNodeExecOverride: true }).Network.SSH.Reverse;

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { ANNOTATION } from '../../src/contract/annotations.js';
 import { InputError } from '../../src/contract/input-error.js';
 import { parseReverseRequest } from '../../src/contract/reverse-request.js';
-import { contextWith } from './spec-fixtures.js';
+import { contextWith } from './contract-fixtures.js';
 
 const FWD = ANNOTATION.forwards;
 

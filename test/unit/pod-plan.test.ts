@@ -1,0 +1,62 @@
+import { describe, expect, it } from 'vitest';
+import { ANNOTATION } from '../../src/contract/annotations.js';
+import { InputError } from '../../src/contract/input-error.js';
+import type { SiteConfig } from '../../src/contract/site-config.js';
+import { startPod } from '../../src/machines/pod-machine.js';
+import { podLimits } from '../../src/pods/fleet-deps.js';
+import { launchPlan, renderPlan, siteDigest } from '../../src/workers/pod-plan.js';
+import { siteWith } from './contract-fixtures.js';
+
+/** A site whose pods need no verdict of the watch role (the plan is the subject here). */
+function controlOnlySite(): SiteConfig {
+  const site = siteWith();
+  site.Backhaul.Kubernetes.NamespaceLabel = '';
+  site.Backhaul.Kubernetes.NetworkPolicies = false;
+  return site;
+}
+const site = controlOnlySite();
+/** The same site with another login node: a fleet restarted with a changed site file. */
+const moved = controlOnlySite();
+moved.Network.SSH.LoginHost = 'login2.example.org';
+
+function context(annotations: Record<string, string> = { [ANNOTATION.forwards]: 'redis:6379' }) {
+  const input = { uid: '0f5e2c1a-0000-4000-8000-00000000a11c', namespace: 'user', name: 'trainer', annotations };
+  return startPod({ ...input, ...podLimits(site) }, 1).snapshot.context;
+}
+
+describe('the session plan, rendered once', () => {
+  it('names the site configuration it was rendered from', () => {
+    const rendered = renderPlan(context(), site);
+    expect(rendered.site).toBe(siteDigest(site));
+    expect(rendered.site).toMatch(/^[0-9a-f]{64}$/);
+    expect(siteDigest(moved)).not.toBe(siteDigest(site));
+    expect(siteDigest(controlOnlySite())).toBe(siteDigest(site));
+    expect(rendered.plan).toMatchObject({ uid: context().uid, carrier: { loginHost: 'login.example.org' } });
+  });
+
+  it('launch takes the stored plan as it is under the same site configuration', () => {
+    const stored = renderPlan(context(), site);
+    const ctx = { ...context(), plan: stored };
+    const launch = launchPlan(ctx, site);
+    expect(launch.rendered).toBeUndefined();
+    expect(launch.plan).toBe(stored.plan);
+  });
+
+  it('renders again under another site configuration, and says why', () => {
+    const ctx = { ...context(), plan: renderPlan(context(), site) };
+    const launch = launchPlan(ctx, moved);
+    expect(launch.rendered).toBe('site-changed');
+    expect(launch.plan.carrier.loginHost).toBe('login2.example.org');
+  });
+
+  it('renders when nothing was stored (a record rebuilt after Redis lost its data)', () => {
+    const launch = launchPlan(context(), site);
+    expect(launch.rendered).toBe('not-stored');
+    expect(launch.plan).toEqual(renderPlan(context(), site).plan);
+  });
+
+  it('refuses bad input while rendering, naming the annotation', () => {
+    expect(() => renderPlan(context({}), site)).toThrow(InputError);
+    expect(() => renderPlan(context({}), site)).toThrow(ANNOTATION.forwards);
+  });
+});
