@@ -33,7 +33,7 @@
  *
  * Reports, deadlines and step results of another generation are ignored: no transition, no effects.
  */
-import { type AnyActorScope, and, assign, createActor, type StateValue, setup } from 'xstate';
+import { type AnyActorScope, and, assign, createActor, type StateValue, type StateValueFrom, setup } from 'xstate';
 import { isSiteWide } from './error-kinds.js';
 import {
   deadlineTimeout,
@@ -48,7 +48,6 @@ import {
 } from './pod-rules.js';
 import {
   describeIssue,
-  isPodStateName,
   persistedEnvelopeSchema,
   podContextSchema,
   podInputSchema,
@@ -59,8 +58,8 @@ import type {
   PodAction,
   PodContext,
   PodEvent,
+  PodEventType,
   PodInput,
-  PodStateName,
   RunStepParams,
   ShadowPhaseState,
   StepName,
@@ -96,7 +95,8 @@ const launchStep = ({ context }: Args): RunStepParams => ({
 });
 
 /** A report of the current shadow moves the pod to that report's phase. */
-const advanceTo = (target: PodStateName) => ({ guard: 'isCurrent', target, actions: 'noteReport' }) as const;
+const advanceTo = <T extends ShadowPhaseState>(target: T) =>
+  ({ guard: 'isCurrent', target, actions: 'noteReport' }) as const;
 
 /** A late report of a phase already passed only fills in what it knows. */
 const fillIn = { guard: and(['isCurrent', 'reportAddsInfo']), actions: 'noteReport' } as const;
@@ -105,7 +105,7 @@ const fillIn = { guard: and(['isCurrent', 'reportAddsInfo']), actions: 'noteRepo
  * A shadow held through a loss of Redis's data, of the pod's own generation, that got further than the
  * pod's state: the pod moves there (from `from`, to each phase after it).
  */
-function heldAhead(from: PodStateName) {
+function heldAhead(from: 'launchingShadow' | ShadowPhaseState) {
   return SHADOW_PHASE_STATES.slice(SHADOW_PHASE_STATES.indexOf(from as ShadowPhaseState) + 1).map((phase) => ({
     guard: { type: 'heldAt', params: { phase } } as const,
     target: phase,
@@ -421,6 +421,12 @@ export const podMachine = setup({
 
 // ---- the topology, for the code outside the machine ----
 
+type ChartValue = StateValueFrom<typeof podMachine>;
+type LeavesOf<V> = V extends string ? V : V extends object ? { [K in keyof V]-?: LeavesOf<V[K]> }[keyof V] : never;
+type CompoundsOf<V> = V extends object ? keyof V | { [K in keyof V]-?: CompoundsOf<V[K]> }[keyof V] : never;
+/** A state of the chart that has no children: what a stored pod names (derived from the chart, not typed again). */
+export type PodStateName = Exclude<LeavesOf<ChartValue>, CompoundsOf<ChartValue>>;
+
 /**
  * Tags of the pod states: `shadow`, a shadow of the current generation should be running (launched or
  * reporting); `shadowRunning`, it has reported (its lease and session job can be checked); `settled`, the
@@ -459,8 +465,15 @@ const leaves: ReadonlyMap<PodStateName, Leaf> = (() => {
   return found;
 })();
 
-/** The leaf states of the chart, as stored (restore and `status` rely on these names). */
-export const CHART_STATES: readonly PodStateName[] = [...leaves.keys()];
+/**
+ * The leaf states of the chart, in the chart's order (a healthy pod's path up to `tearingDown`, then `failed`, `done`): the names stored pods, `status` and the metrics use.
+ */
+export const POD_STATES: readonly PodStateName[] = [...leaves.keys()];
+const POD_STATE_SET: ReadonlySet<string> = new Set(POD_STATES);
+
+export function isPodStateName(value: string): value is PodStateName {
+  return POD_STATE_SET.has(value);
+}
 
 /** Whether a state carries a tag, read from the chart (works on stored state names). */
 export function stateHasTag(state: PodStateName, tag: PodTag): boolean {
@@ -469,12 +482,12 @@ export function stateHasTag(state: PodStateName, tag: PodTag): boolean {
 
 /** The states with a tag. */
 export function statesTagged(tag: PodTag): ReadonlySet<PodStateName> {
-  return new Set(CHART_STATES.filter((state) => stateHasTag(state, tag)));
+  return new Set(POD_STATES.filter((state) => stateHasTag(state, tag)));
 }
 
 /** The step each step state runs on entry, from the chart's `meta.step`. */
 export const STEP_OF_STATE: Readonly<Partial<Record<PodStateName, StepName>>> = Object.fromEntries(
-  CHART_STATES.flatMap((state) => {
+  POD_STATES.flatMap((state) => {
     const step = leaves.get(state)?.meta?.step;
     return step ? [[state, step]] : [];
   }),
@@ -489,6 +502,21 @@ export const STATE_OF_STEP: Readonly<Record<StepName, PodStateName>> = Object.fr
 export const PURE_STEPS: ReadonlySet<StepName> = new Set(
   [...leaves.values()].flatMap(({ meta }) => (meta?.pure && meta.step ? [meta.step] : [])),
 );
+
+/**
+ * The state each phase report moves a just-launched shadow's pod to, read from `launchingShadow`'s own
+ * transitions (a session host keeps how far its shadow got, for SHADOW_HELD).
+ */
+export const REPORT_STATES: Readonly<Partial<Record<PodEventType, ShadowPhaseState>>> = (() => {
+  const launching = podMachine.getStateNodeById('pod.shadow.launchingShadow');
+  const found: Partial<Record<PodEventType, ShadowPhaseState>> = {};
+  for (const [type, transitions] of launching.transitions) {
+    const target = transitions.length === 1 ? transitions[0]?.target?.[0]?.key : undefined;
+    const phase = SHADOW_PHASE_STATES.find((state) => state === target);
+    if (phase) found[type as PodEventType] = phase;
+  }
+  return found;
+})();
 
 // ---- the pure API used by the control worker ----
 

@@ -7,12 +7,10 @@ import { z } from 'zod';
 import { ERROR_KIND_NAMES } from './error-kinds.js';
 import {
   DEADLINE_NAMES,
-  POD_STATES,
   type PodAction,
   type PodContext,
   type PodEvent,
   type PodInput,
-  type PodStateName,
   SHADOW_PHASE_STATES,
   STEPS,
 } from './pod-types.js';
@@ -147,12 +145,6 @@ export const persistedEnvelopeSchema = z.object({
   state: z.string(),
   context: z.unknown(),
 });
-
-export const POD_STATE_SET: ReadonlySet<string> = new Set(POD_STATES);
-
-export function isPodStateName(value: string): value is PodStateName {
-  return POD_STATE_SET.has(value);
-}
 
 export type RestoreErrorKind = 'invalid-snapshot' | 'unknown-version' | 'unknown-state' | 'invalid-context';
 

@@ -7,21 +7,6 @@ export type { PodError };
  * snapshot stored in Redis and events carried by BullMQ jobs come back exactly as they left.
  */
 
-/** The machine's states, in the order a healthy pod goes through them, then `failed`. */
-export const POD_STATES = [
-  'validating',
-  'rendering',
-  'launchingShadow',
-  'waitingBatchHost',
-  'openingCarrier',
-  'establishingForwards',
-  'active',
-  'tearingDown',
-  'done',
-  'failed',
-] as const;
-export type PodStateName = (typeof POD_STATES)[number];
-
 /** The steps the control worker runs as step jobs. */
 export const STEPS = ['validate', 'render', 'launch', 'teardown'] as const;
 export type StepName = (typeof STEPS)[number];
@@ -194,13 +179,6 @@ export interface TunnelIsolation {
 /** The phases a shadow reports up to, as the states its pod is in after each report. */
 export const SHADOW_PHASE_STATES = ['waitingBatchHost', 'openingCarrier', 'establishingForwards', 'active'] as const;
 export type ShadowPhaseState = (typeof SHADOW_PHASE_STATES)[number];
-/** The state each phase report moves a pod to (pod-machine.ts's advanceTo, the same pairs). */
-export const REPORT_STATES = {
-  SHADOW_UP: 'waitingBatchHost',
-  BATCH_HOST: 'openingCarrier',
-  CARRIER_OPEN: 'establishingForwards',
-  FORWARDS_READY: 'active',
-} as const satisfies Record<string, ShadowPhaseState>;
 
 /**
  * A session host still holds a live shadow of this pod after Redis lost its data (the pod's record was
@@ -252,6 +230,15 @@ export type SessionReport =
   | JobEndedEvent
   | CarrierLostEvent
   | SessionFailedEvent;
+
+/** What a session host stamps on a shadow's report: when, which shadow (generation), its lease's token, its own id. */
+type Stamp = 'at' | 'generation' | 'lease' | 'host';
+type Unstamped<E> = E extends unknown ? Omit<E, Stamp> : never;
+/**
+ * What a shadow session reports, in the machine's own words: its session reports as the session host
+ * sends them, before it stamps them (SHADOW_HELD is the host's own, not a session's).
+ */
+export type ShadowPhase = Unstamped<Exclude<SessionReport, ShadowHeldEvent>>;
 
 export type PodEvent =
   | PodUpsertEvent

@@ -1,8 +1,8 @@
 import { ANNOTATION } from '../contract/annotations.js';
 import { displayText } from '../contract/display-text.js';
 import { isSiteWide } from '../machines/error-kinds.js';
+import type { PodContext, PodEvent, PodStateName } from '../machines/pod-machine.js';
 import { SITE_BACKOFF_MAX_MS } from '../machines/pod-rules.js';
-import type { PodContext, PodEvent, PodStateName } from '../machines/pod-types.js';
 
 /**
  * Kubernetes Events on the offloaded pod (`kubectl describe pod` shows them): what backhaul did with the

@@ -1,4 +1,4 @@
-import type { PodContext, PodStateName } from '../machines/pod-types.js';
+import type { PodContext, PodStateName } from '../machines/pod-machine.js';
 import { clampMessage } from './kube-events.js';
 
 /**

@@ -1,7 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client, ClientChannel } from 'ssh2';
 import { SOCKS_SOCKET } from '../contract/derivations.js';
-import type { TunnelIsolation } from '../machines/pod-types.js';
+import { jobStateName } from '../machines/pod-schema.js';
+import type { ShadowPhase, TunnelIsolation } from '../machines/pod-types.js';
 import {
   DEAD_JOB_DIR_REMOVED,
   PREPARE_DIR_MISSING,
@@ -29,22 +30,11 @@ import type { LoginHopLease, LoginHops } from './login-hop.js';
 import { execCapture, openExec } from './remote-exec.js';
 import { type ForwardLog, type ForwardStats, ReverseForwards } from './reverse-forwards.js';
 import type { ServiceDirectory } from './service-directory.js';
-import { isSessionError, SessionError, type SessionErrorKind } from './session-error.js';
-import type { SlurmJob } from './slurm-job.js';
+import { isSessionError, SessionError } from './session-error.js';
+import { type SlurmJob, slurmStateName } from './slurm-job.js';
 import { SocksForward } from './socks-forward.js';
 
-/** The phases a shadow reports to its pod's machine (ARCHITECTURE.md, "Carriers and shadow sessions"). */
-export type ShadowPhase =
-  | { type: 'SHADOW_UP' }
-  | { type: 'BATCH_HOST'; batchHost: string; jobId: string }
-  | { type: 'CARRIER_OPEN' }
-  /** addresses: the relay's, one per Service group, as it reported them on the node (absent when unread). */
-  | { type: 'FORWARDS_READY'; addresses?: string[]; isolation?: TunnelIsolation }
-  | { type: 'SOCKETS_VANISHED' }
-  /** trapMissed: the job ended without its trap (its socket dir was left on the node), and the session removed the dir. */
-  | { type: 'JOB_ENDED'; state: string; trapMissed?: true; note?: string }
-  | { type: 'CARRIER_LOST'; reason: string }
-  | { type: 'SESSION_FAILED'; error: { kind: SessionErrorKind; message: string; permanent: boolean } };
+export type { ShadowPhase };
 
 export type ShadowEnd =
   | Extract<ShadowPhase, { type: 'SOCKETS_VANISHED' | 'JOB_ENDED' | 'CARRIER_LOST' | 'SESSION_FAILED' }>
@@ -95,7 +85,13 @@ const RELEASE_STEP_MS = 5_000;
 function endOf(job: SlurmJob): ShadowEnd | undefined {
   if (job.phase !== 'ended' && job.phase !== 'ending') return undefined;
   // The prelude's own word on why it failed (the job's comment), for the pod's Event.
-  return { type: 'JOB_ENDED', state: job.state, ...(job.note ? { note: job.note } : {}) };
+  return { type: 'JOB_ENDED', ...jobStateOf(job.state), ...(job.note ? { note: job.note } : {}) };
+}
+
+/** A job's state as its pod's machine reads it: the long name; left out when squeue printed no such name. */
+function jobStateOf(state: string): { jobState?: string } {
+  const name = slurmStateName(state);
+  return jobStateName.safeParse(name).success ? { jobState: name } : {};
 }
 
 /**
@@ -350,11 +346,11 @@ export class ShadowSession {
         continue;
       }
       this.abortIfClosing();
-      if (!job) return { type: 'JOB_ENDED', state: 'GONE' };
+      if (!job) return { type: 'JOB_ENDED', jobState: 'GONE' };
       if (jobId !== undefined && job.jobId !== jobId) {
         // The socket dir is the newer job's now: the teardown must leave it.
         this.successorJob = job.jobId;
-        return { type: 'JOB_ENDED', state: `REPLACED_BY_${job.jobId}` };
+        return { type: 'JOB_ENDED', jobState: `REPLACED_BY_${job.jobId}` };
       }
       const end = endOf(job);
       if (end) return end;

@@ -10,7 +10,6 @@ import {
   stateHasTag,
   type TunnelIsolation,
 } from '../machines/pod-machine.js';
-import { jobStateName } from '../machines/pod-schema.js';
 import { reportDataPlane } from '../metrics/data-plane-metrics.js';
 import {
   jobsEndedWithoutTrap,
@@ -33,7 +32,6 @@ import { NO_CLUSTER_DIRECTORY, type ServiceDirectory } from '../ssh/service-dire
 import type { ShadowEnd, ShadowPhase } from '../ssh/shadow-session.js';
 import { ShadowSession, type ShadowSessionOptions } from '../ssh/shadow-session.js';
 import { openSiteAccess, type SiteAccess } from '../ssh/site-access.js';
-import { slurmStateName } from '../ssh/slurm-job.js';
 import { autoTunnelThreads, type Shadow, TunnelThreads } from '../ssh/tunnel-threads.js';
 import { RedisEpoch, recoveryWindowMs } from '../store/redis-epoch.js';
 
@@ -83,47 +81,15 @@ function heldEvent(held: HeldShadow, hostId: string, at: number): PodEvent {
   };
 }
 
-/** The phase a shadow reports, as the event its machine reads, fenced by the lease's token. */
+/** The phase a shadow reports, stamped: the event its machine reads, fenced by the lease's token. */
 function eventOf(phase: ShadowPhase, generation: number, lease: number, hostId: string, at: number): PodEvent {
-  switch (phase.type) {
-    case 'SHADOW_UP':
-      return { type: 'SHADOW_UP', host: hostId, generation, lease, at };
-    case 'BATCH_HOST':
-      return { type: 'BATCH_HOST', batchHost: phase.batchHost, jobId: phase.jobId, generation, lease, at };
-    case 'CARRIER_LOST':
-      return { type: 'CARRIER_LOST', reason: phase.reason, generation, lease, at };
-    case 'SESSION_FAILED':
-      return { type: 'SESSION_FAILED', error: phase.error, generation, lease, at };
-    case 'JOB_ENDED': {
-      const jobState = slurmStateName(phase.state);
-      return {
-        type: 'JOB_ENDED',
-        // A state squeue printed that is no name (a newer Slurm's?) is left out, not a refused report.
-        ...(jobStateName.safeParse(jobState).success ? { jobState } : {}),
-        ...(phase.trapMissed ? { trapMissed: true } : {}),
-        ...(phase.note ? { note: phase.note } : {}),
-        generation,
-        lease,
-        at,
-      };
-    }
-    case 'FORWARDS_READY':
-      return {
-        type: 'FORWARDS_READY',
-        ...(phase.addresses ? { addresses: phase.addresses } : {}),
-        ...(phase.isolation ? { isolation: phase.isolation } : {}),
-        generation,
-        lease,
-        at,
-      };
-    default:
-      return { type: phase.type, generation, lease, at };
-  }
+  const stamp = { generation, lease, at };
+  return phase.type === 'SHADOW_UP' ? { ...phase, ...stamp, host: hostId } : { ...phase, ...stamp };
 }
 
 /** Keeps how far a shadow's reports got, for SHADOW_HELD. */
 function noteReached(held: HeldShadow, phase: ShadowPhase): void {
-  const state = REPORT_STATES[phase.type as keyof typeof REPORT_STATES] as ShadowPhaseState | undefined;
+  const state = REPORT_STATES[phase.type];
   if (state && SHADOW_PHASE_STATES.indexOf(state) > SHADOW_PHASE_STATES.indexOf(held.reached)) held.reached = state;
   if (phase.type === 'BATCH_HOST') {
     held.batchHost = phase.batchHost;

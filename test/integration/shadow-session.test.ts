@@ -252,9 +252,9 @@ describe.each([
       for (const f of plan.forwards) expect((await stat(f.socketPath)).isSocket()).toBe(true);
       const end = await Promise.race([started.ended, sleep(20_000).then(() => undefined)]);
       const seen = `${Date.now() - cancelledAt} ms after the job ended; phases ${JSON.stringify(started.phases)}`;
-      expect(end, seen).toMatchObject({ type: 'JOB_ENDED', state: 'CA', trapMissed: true });
+      expect(end, seen).toMatchObject({ type: 'JOB_ENDED', jobState: 'CANCELLED', trapMissed: true });
       // Reported once the dir was removed: the report says so, for the pod's Event.
-      expect(started.phases.at(-1), seen).toEqual({ type: 'JOB_ENDED', state: 'CA', trapMissed: true });
+      expect(started.phases.at(-1), seen).toEqual({ type: 'JOB_ENDED', jobState: 'CANCELLED', trapMissed: true });
       expect(Date.now() - cancelledAt, seen).toBeLessThan(10_000);
       await started.session.close('test');
       for (const f of plan.forwards) expect(await exists(f.socketPath), seen).toBe(false);

@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { POD_STATES } from '../../src/machines/pod-types.js';
+import { POD_STATES } from '../../src/machines/pod-machine.js';
 import { registry } from '../../src/metrics/fleet-metrics.js';
 import { exposed, problemsOf, registered, SCRAPE_LABELS } from '../fixtures/promql-check.js';
 

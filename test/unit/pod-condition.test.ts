@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { admit } from '../../src/cluster/admission.js';
 import { ANNOTATION } from '../../src/contract/annotations.js';
 import type { SiteConfig } from '../../src/contract/site-config.js';
-import { applyEvent, CHART_STATES, startPod } from '../../src/machines/pod-machine.js';
+import { applyEvent, POD_STATES, startPod } from '../../src/machines/pod-machine.js';
 import {
   conditionHolds,
   conditionPatch,
@@ -21,7 +21,7 @@ const AT = Date.UTC(2026, 11, 3, 18, 0, 0, 750);
 describe('the forwards condition', () => {
   it('is True in active only; False with a reason in every other state but done, which leaves it', () => {
     const ctx = { ...startPod(INPUT, AT).snapshot.context, batchHost: 'cn01', jobId: '42' };
-    for (const state of CHART_STATES) {
+    for (const state of POD_STATES) {
       const condition = forwardsCondition(state, ctx, AT);
       if (state === 'done') {
         expect(condition, state).toBeNull();
