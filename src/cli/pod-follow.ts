@@ -63,7 +63,7 @@ export class PodFollower {
 
   /** Follows until `done(state)` (null: the pod is forgotten); a CliError after MS. */
   async until(done: (state: string | null) => boolean, ms: number): Promise<string | null> {
-    const deadline = Date.now() + ms;
+    const deadline = performance.now() + ms;
     for (;;) {
       await this.flush();
       const state = (await this.deps.store.load(this.uid))?.state ?? null;
@@ -71,7 +71,7 @@ export class PodFollower {
         await this.flush();
         return state;
       }
-      if (Date.now() > deadline) {
+      if (performance.now() > deadline) {
         const hint = waitHint(state, this.uid);
         throw new CliError(
           `timed out after ${ms / 1000} s; the pod is ${state ?? 'gone'}${hint ? `: ${hint}` : ''}`,

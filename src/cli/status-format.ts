@@ -1,4 +1,5 @@
 import { bindAddress } from '../contract/derivations.js';
+import { systemClock } from '../pods/clock.js';
 import type { PodDetail, PodStatus } from './pod-status.js';
 
 export function formatAge(ms: number): string {
@@ -45,7 +46,7 @@ export function formatAddresses(uid: string, addresses: readonly string[] | null
 }
 
 export function formatDetail(p: PodDetail): string {
-  const now = Date.now();
+  const now = systemClock();
   const lines = [
     `pod         ${p.namespace}/${p.name}`,
     `uid         ${p.uid}`,

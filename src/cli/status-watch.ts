@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import { systemClock } from '../pods/clock.js';
 
 /** One look at what is watched: `key` changes only when what it shows does (not with the clock). */
 export interface Frame {
@@ -31,10 +32,10 @@ export async function watchFrames(opts: WatchOptions): Promise<void> {
     }
     if (opts.out.isTTY) {
       opts.out.write(
-        `\x1b[H\x1b[2J${new Date().toISOString()}  (every ${opts.intervalMs / 1000} s; Ctrl-C ends)\n\n${frame.text}`,
+        `\x1b[H\x1b[2J${new Date(systemClock()).toISOString()}  (every ${opts.intervalMs / 1000} s; Ctrl-C ends)\n\n${frame.text}`,
       );
     } else if (frame.key !== last) {
-      opts.out.write(`--- ${new Date().toISOString()}\n${frame.text}`);
+      opts.out.write(`--- ${new Date(systemClock()).toISOString()}\n${frame.text}`);
     }
     last = frame.key;
     await sleep(opts.intervalMs, undefined, { signal: opts.signal }).catch(() => undefined);

@@ -1,6 +1,7 @@
 import { CoreV1Api, DiscoveryV1Api, type KubeConfig, type V1Pod } from '@kubernetes/client-node';
 import type { ServiceRef } from '../contract/endpoint-policy.js';
 import type { Logger } from '../log.js';
+import { type Clock, systemClock } from '../pods/clock.js';
 import type { ServiceAnswer, ServiceDirectory } from '../ssh/service-directory.js';
 import { describeKubeError, kubeCall, orNotFound } from './kube-api.js';
 
@@ -38,7 +39,7 @@ export class ClusterDirectory implements ServiceDirectory {
     kubeConfig: KubeConfig,
     private readonly fleetNamespace: string,
     private readonly log: Logger,
-    private readonly now: () => number = Date.now,
+    private readonly now: Clock = systemClock,
   ) {
     this.core = kubeConfig.makeApiClient(CoreV1Api);
     this.discovery = kubeConfig.makeApiClient(DiscoveryV1Api);

@@ -14,6 +14,7 @@ import { NamespaceEndpointPolicy } from '../contract/endpoint-policy.js';
 import { serviceOfName } from '../contract/host-names.js';
 import { type Forward, parseReverseRequest, requestContext } from '../contract/reverse-request.js';
 import type { SiteConfig } from '../contract/site-config.js';
+import { type Clock, systemClock } from '../pods/clock.js';
 import { kubeCall, orNotFound } from './kube-api.js';
 import { Memo } from './memo.js';
 import {
@@ -56,7 +57,7 @@ export class ClusterGate {
   constructor(
     kubeConfig: KubeConfig,
     private readonly config: SiteConfig,
-    private readonly now: () => number = Date.now,
+    private readonly now: Clock = systemClock,
     cacheMs = CLUSTER_CACHE_MS,
   ) {
     this.namespaces = new Memo(cacheMs);

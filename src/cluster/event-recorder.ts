@@ -1,6 +1,7 @@
 import { hostname } from 'node:os';
 import { CoreV1Api, type KubeConfig, PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
 import type { Logger } from '../log.js';
+import { systemClock } from '../pods/clock.js';
 import {
   type EventSpec,
   eventName,
@@ -82,7 +83,7 @@ export class EventRecorder {
     this.log = opts.log;
     this.component = opts.component ?? 'backhaul';
     this.instance = opts.instance ?? hostname();
-    this.now = opts.now ?? Date.now;
+    this.now = opts.now ?? systemClock;
     this.window = opts.aggregateWindowMs ?? 10 * 60_000;
     this.similarLimit = opts.similarLimit ?? 10;
     this.burst = opts.burst ?? 25;

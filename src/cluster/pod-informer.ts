@@ -112,13 +112,13 @@ export class PodInformer {
           }
         }
         if (this.stopped) break;
-        const watchStarted = Date.now();
+        const watchStarted = performance.now();
         const outcome = await this.watchOnce(stream);
         if (outcome.kind === 'expired') {
           this.log.info({ stream: stream.label, rv: stream.resourceVersion }, 'watch expired (410 Gone): relisting');
           stream.resourceVersion = '';
           // Expired at once after a fresh list: something is wrong with the server; do not spin.
-          failures = listed && Date.now() - watchStarted < 1_000 ? failures + 1 : 0;
+          failures = listed && performance.now() - watchStarted < 1_000 ? failures + 1 : 0;
           if (failures > 0) await this.backoff(failures, stream, 'watch expired right after a list');
           continue;
         }
@@ -139,8 +139,8 @@ export class PodInformer {
     const ceiling = Math.min(this.backoffMaxMs, this.backoffBaseMs * 2 ** Math.min(failures - 1, 20));
     const delay = Math.round(ceiling / 2 + (Math.random() * ceiling) / 2);
     this.log.warn({ stream: stream.label, failures, delayMs: delay, err: why }, 'pod watch interrupted: reconnecting');
-    const until = Date.now() + delay;
-    while (!this.stopped && Date.now() < until) await sleep(Math.min(100, until - Date.now()));
+    const until = performance.now() + delay;
+    while (!this.stopped && performance.now() < until) await sleep(Math.min(100, until - performance.now()));
   }
 
   private listPage(stream: PodStream, cont: string | undefined): Promise<V1PodList> {
@@ -224,7 +224,7 @@ export class PodInformer {
       fieldSelector: stream.nodeName ? `spec.nodeName=${stream.nodeName}` : undefined,
       labelSelector: this.cfg.PodSelector,
     };
-    const started = Date.now();
+    const started = performance.now();
     let received = 0;
     let expired = false;
     let failure: unknown;
@@ -253,7 +253,7 @@ export class PodInformer {
         if (expired) resolve({ kind: 'expired' });
         else if (statusCodeOf(err) === 410) resolve({ kind: 'expired' });
         else if (failure ?? (err && !isAbort(err))) resolve({ kind: 'error', error: failure ?? err });
-        else resolve({ kind: 'closed', received, durationMs: Date.now() - started });
+        else resolve({ kind: 'closed', received, durationMs: performance.now() - started });
       };
       arm();
       this.watch

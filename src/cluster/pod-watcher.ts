@@ -154,9 +154,9 @@ export class PodWatcher {
 
   /** Resolves once every stream has listed and the first reconcile is done. */
   async whenSynced(timeoutMs = 60_000): Promise<void> {
-    const deadline = Date.now() + timeoutMs;
+    const deadline = performance.now() + timeoutMs;
     while (this.reconciles === 0) {
-      if (Date.now() > deadline) throw new Error('the pod watcher did not sync in time');
+      if (performance.now() > deadline) throw new Error('the pod watcher did not sync in time');
       await sleep(50);
     }
   }

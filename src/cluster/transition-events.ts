@@ -1,13 +1,13 @@
 import type { Logger } from '../log.js';
 import type { PodContext, PodEvent, PodStateName } from '../machines/pod-machine.js';
-import type { FleetDeps } from '../pods/fleet-deps.js';
+import type { TransitionHook } from '../pods/fleet-deps.js';
 import { transitionEvents } from '../render/kube-events.js';
 import { forwardsCondition } from '../render/pod-condition.js';
 import type { EventRecorder } from './event-recorder.js';
 import type { PodConditionWriter } from './pod-conditions.js';
 import type { SharedUserWarning } from './shared-user-warning.js';
 
-export type TransitionHook = NonNullable<FleetDeps['onTransition']>;
+export type { TransitionHook };
 
 /**
  * Records the Kubernetes Events one transition of a pod's machine means (forwards established, torn

@@ -51,7 +51,11 @@ export async function startClusterRoles(
   }
   const recorder =
     wantsEvents && kubeConfig
-      ? EventRecorder.fromKubeConfig(kubeConfig, { ...opts.recorder, log: log.child({ part: 'events' }) })
+      ? EventRecorder.fromKubeConfig(kubeConfig, {
+          now: deps.now,
+          ...opts.recorder,
+          log: log.child({ part: 'events' }),
+        })
       : undefined;
   const conditions =
     wantsConditions && kubeConfig

@@ -45,14 +45,16 @@ export async function startFleet(
   const hostId = opts.hostId ?? defaultHostId();
   // Before the control worker: its transitions record Events from the first one on.
   const cluster = await startClusterRoles(deps, opts.roles, opts.cluster);
-  if (cluster.onTransition) deps.onTransition = cluster.onTransition;
   let control: ControlWorker | undefined;
   let session: SessionHost | undefined;
   if (opts.roles.includes('control')) {
     control = new ControlWorker(
       deps,
       { events: redis, steps: redis },
-      opts.reaperEveryMs ? { convergence: { reapEveryMs: opts.reaperEveryMs } } : {},
+      {
+        ...(opts.reaperEveryMs ? { convergence: { reapEveryMs: opts.reaperEveryMs } } : {}),
+        ...(cluster.onTransition ? { onTransition: cluster.onTransition } : {}),
+      },
     );
   }
   let directory: ClusterDirectory | undefined;
@@ -64,6 +66,7 @@ export async function startFleet(
         kubeConfig,
         config.Backhaul.EndpointPolicy.FleetNamespace,
         log.child({ part: 'services' }),
+        deps.now,
       );
       await directory.start();
     }

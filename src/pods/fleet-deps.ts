@@ -7,28 +7,37 @@ import { HostRegistry } from '../store/host-registry.js';
 import { RedisKeys } from '../store/keys.js';
 import { LeaseStore } from '../store/lease-store.js';
 import { SnapshotStore } from '../store/snapshot-store.js';
+import { type Clock, systemClock } from './clock.js';
 import { type FleetQueues, openQueues } from './queues.js';
 
-/** What every role of the fleet shares: the site, Redis, the stores and the queues. */
+/** What every role of the fleet shares: the site, Redis, the stores and the queues. Built once, never changed. */
 export interface FleetDeps {
-  config: SiteConfig;
+  readonly config: SiteConfig;
   /** Connection for commands and BullMQ queues (workers open their own blocking connections). */
-  redis: Redis;
-  keys: RedisKeys;
-  store: SnapshotStore;
-  leases: LeaseStore;
-  hosts: HostRegistry;
-  queues: FleetQueues;
+  readonly redis: Redis;
+  readonly keys: RedisKeys;
+  readonly store: SnapshotStore;
+  readonly leases: LeaseStore;
+  readonly hosts: HostRegistry;
+  readonly queues: FleetQueues;
   /** BullMQ key prefix; tests give each run its own. */
-  bullPrefix: string | undefined;
-  log: Logger;
-  now: () => number;
-  /**
-   * Called by the control worker after each applied (stored) transition; `from` is null when the event
-   * created the machine. Must not throw or block: the cluster roles use it to record Kubernetes Events.
-   */
-  onTransition?: (uid: string, ctx: PodContext, from: PodStateName | null, to: PodStateName, event: PodEvent) => void;
+  readonly bullPrefix: string | undefined;
+  readonly log: Logger;
+  /** The fleet's one clock (epoch ms): every role reads time here, so a test can move it. */
+  readonly now: Clock;
 }
+
+/**
+ * What the control worker calls after each applied (stored) transition; `from` is null when the event
+ * created the machine. Must not throw or block: the cluster roles record Kubernetes Events with it.
+ */
+export type TransitionHook = (
+  uid: string,
+  ctx: PodContext,
+  from: PodStateName | null,
+  to: PodStateName,
+  event: PodEvent,
+) => void;
 
 export interface FleetDepsOptions {
   keyPrefix?: string;
@@ -47,7 +56,7 @@ export function podReadDeps(redis: Redis, opts: FleetDepsOptions = {}): PodReadD
     store: new SnapshotStore(redis, { keys }),
     leases: new LeaseStore(redis, { keys }),
     queues: openQueues(redis, keys, opts.bullPrefix, true),
-    now: opts.now ?? Date.now,
+    now: opts.now ?? systemClock,
   };
 }
 
@@ -63,7 +72,7 @@ export function fleetDeps(config: SiteConfig, redis: Redis, log: Logger, opts: F
     queues: openQueues(redis, keys, opts.bullPrefix),
     bullPrefix: opts.bullPrefix,
     log,
-    now: opts.now ?? Date.now,
+    now: opts.now ?? systemClock,
   };
 }
 

@@ -38,7 +38,7 @@ export async function execCapture(
   opts: { stdin?: string; timeoutMs?: number; maxBytes?: number } = {},
 ): Promise<ExecResult> {
   const timeoutMs = opts.timeoutMs ?? 30_000;
-  const deadline = Date.now() + timeoutMs;
+  const deadline = performance.now() + timeoutMs;
   const channel = await openWithin(client, command, timeoutMs);
   const maxBytes = opts.maxBytes ?? 1 << 20;
   return new Promise((resolve, reject) => {
@@ -52,7 +52,7 @@ export async function execCapture(
         channel.close();
         reject(new RemoteTimeoutError('run', `remote command timed out after ${timeoutMs} ms: ${command}`));
       },
-      Math.max(0, deadline - Date.now()),
+      Math.max(0, deadline - performance.now()),
     );
     const keep = (into: Buffer[]) => (chunk: Buffer) => {
       size += chunk.length;

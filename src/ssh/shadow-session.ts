@@ -370,7 +370,7 @@ export class ShadowSession {
   }
 
   private async waitForBatchHost(): Promise<SlurmJob> {
-    const deadline = Date.now() + this.opts.nodeWaitTimeoutMs;
+    const deadline = performance.now() + this.opts.nodeWaitTimeoutMs;
     const pollMs = this.opts.jobPollMs ?? 2_000;
     let lastState = 'not submitted';
     for (;;) {
@@ -382,7 +382,7 @@ export class ShadowSession {
         if (endOf(job)) return job;
         if (job.phase === 'running' && job.batchHost) return job;
       }
-      if (Date.now() >= deadline) {
+      if (performance.now() >= deadline) {
         throw new SessionError(
           'job-not-running',
           `the job of pod ${this.opts.plan.uid} did not start within ${this.opts.nodeWaitTimeoutMs} ms (last state: ${lastState})`,
@@ -401,7 +401,7 @@ export class ShadowSession {
    */
   private async openCarrierWhenReady(job: { jobId: string; batchHost: string }): Promise<ShadowEnd | undefined> {
     const { plan, site } = this.opts;
-    const deadline = Date.now() + (this.opts.preludeWaitMs ?? 30_000);
+    const deadline = performance.now() + (this.opts.preludeWaitMs ?? 30_000);
     for (;;) {
       this.abortIfClosing();
       const login = this.login;
@@ -431,7 +431,7 @@ export class ShadowSession {
         // reason, and the session's end.
         const ended = await this.jobEnded(job.jobId);
         if (ended) return ended;
-        if (!isSessionError(err, 'job-not-running') || Date.now() >= deadline) throw err;
+        if (!isSessionError(err, 'job-not-running') || performance.now() >= deadline) throw err;
         await sleep(1_000, undefined, { signal: this.abort.signal }).catch(() => undefined);
       }
     }

@@ -117,7 +117,7 @@ const answers = new Map<string, { at: number; answer: Promise<ServiceAnswer> }>(
 const directory: ServiceDirectory = {
   lookup: (service) => {
     const key = `${service.namespace}/${service.name}`;
-    const now = Date.now();
+    const now = performance.now();
     const hit = answers.get(key);
     if (hit && now - hit.at < SERVICE_TTL_MS) return hit.answer;
     if (answers.size > 1_000) answers.clear();

@@ -4,7 +4,7 @@ import { podError } from '../machines/error-kinds.js';
 import { type PodAction, type PodEvent, PURE_STEPS, parsePodEvent, type StepName } from '../machines/pod-machine.js';
 import { countPodsWith, exhaustedSteps, ignoredEvents, steps, transitions } from '../metrics/fleet-metrics.js';
 import type { StreamedEvent } from '../pods/event-stream.js';
-import type { FleetDeps } from '../pods/fleet-deps.js';
+import type { FleetDeps, TransitionHook } from '../pods/fleet-deps.js';
 import { QUEUE_NAMES, type StepJobData, sendEvent } from '../pods/queues.js';
 import { Converger, type ConvergerOptions } from './converger.js';
 import { forgetPod, runEffects } from './effects.js';
@@ -29,6 +29,8 @@ export interface ControlWorkerOptions {
   convergence?: ConvergerOptions;
   /** How events are read, taken over from dead consumers and buried (event-consumer.ts). */
   events?: Partial<Omit<EventConsumerOptions, 'concurrency'>>;
+  /** After each applied (stored) transition: the cluster roles record Kubernetes Events with it. */
+  onTransition?: TransitionHook;
 }
 
 type PureStepRequest = Extract<PodAction, { type: 'runStep' }> & { params: { step: StepName } };
@@ -44,6 +46,7 @@ export class ControlWorker {
   readonly convergence: Converger;
   /** The last event job of each pod being applied here: the next one of that pod waits for it. */
   private readonly podTurns = new Map<string, Promise<unknown>>();
+  private readonly onTransition: TransitionHook | undefined;
 
   constructor(
     private readonly deps: FleetDeps,
@@ -51,6 +54,7 @@ export class ControlWorker {
     opts: ControlWorkerOptions = {},
   ) {
     const concurrency = opts.concurrency ?? CONTROL_CONCURRENCY;
+    this.onTransition = opts.onTransition;
     const prefix = deps.bullPrefix ? { prefix: deps.bullPrefix } : {};
     this.events = new EventConsumer(deps.queues.events, connections.events, (e) => this.onEvent(e), deps.log, {
       ...opts.events,
@@ -141,7 +145,7 @@ export class ControlWorker {
         case 'applied': {
           path.push(`${result.from ?? 'new'} → ${result.to}`);
           transitions.inc({ to: result.to, event: event.type });
-          this.deps.onTransition?.(uid, result.context, result.from, result.to, event);
+          this.onTransition?.(uid, result.context, result.from, result.to, event);
           const pure = result.actions.find(
             (a): a is PureStepRequest => a.type === 'runStep' && PURE_STEPS.has(a.params.step) && !a.params.delayMs,
           );

@@ -58,7 +58,7 @@ export class Converger {
   /** One turn of the loop: deadlines always; the outbox and the repairs when theirs is due. */
   async pass(): Promise<void> {
     await this.deadlines.tick();
-    const now = Date.now();
+    const now = performance.now();
     if (now - this.lastOutboxAt >= this.outboxEveryMs) {
       this.lastOutboxAt = now;
       await this.outbox.sweep();

@@ -129,8 +129,8 @@ export class EventConsumer {
     this.wake?.();
     this.resume();
     await this.loop;
-    const until = Date.now() + graceMs;
-    while (this.inFlight.size > 0 && Date.now() < until) await sleep(10);
+    const until = performance.now() + graceMs;
+    while (this.inFlight.size > 0 && performance.now() < until) await sleep(10);
     await this.flush();
     this.connection.disconnect();
   }

@@ -457,7 +457,7 @@ export class SessionHost {
     const { deps } = this;
     const log = deps.log.child({ uid: held.uid, generation: held.generation, host: this.hostId });
     const ttl = deps.config.Backhaul.LeaseTTL;
-    const giveUpAt = Date.now() + recoveryWindowMs(ttl);
+    const giveUpAt = performance.now() + recoveryWindowMs(ttl);
     for (let wait = 250; ; wait = Math.min(2 * wait, 2_000)) {
       try {
         const got = await deps.leases.acquire(held.uid, this.hostId, held.generation, ttl, { reassert: true });
@@ -470,7 +470,7 @@ export class SessionHost {
         void this.tellRebuiltRecord(held, log);
         return;
       } catch (err) {
-        if (Date.now() + wait > giveUpAt || this.sessions.get(held.uid) !== held) {
+        if (performance.now() + wait > giveUpAt || this.sessions.get(held.uid) !== held) {
           log.warn({ err }, 'could not re-assert a lease after Redis lost its data: the session ends');
           void held.session.close('lease lost with Redis data, not re-asserted');
           return;

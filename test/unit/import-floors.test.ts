@@ -99,6 +99,14 @@ describe('the import graph of src/', () => {
     expect(callers.map((file) => relative(SRC, file))).toEqual(['pods/pod-reader.ts']);
   });
 
+  it('reads the wall clock in one place, src/pods/clock.ts (the fleet passes it on as FleetDeps.now)', () => {
+    const readers = files.filter((file) => {
+      const code = readFileSync(file, 'utf8').replace(/\/\*[\s\S]*?\*\/|\/\/.*$/gm, '');
+      return /\bDate\.now\b|\bnew Date\(\s*\)/.test(code);
+    });
+    expect(readers.map((file) => relative(SRC, file))).toEqual(['pods/clock.ts']);
+  });
+
   it('cites the design only as docs/ARCHITECTURE.md, by the names of sections that exist, never by number', () => {
     const doc = readFileSync(new URL('../../docs/ARCHITECTURE.md', import.meta.url), 'utf8');
     const sections = new Set([...doc.matchAll(/^#{2,3} \d+(?:\.\d+)? (.+)$/gm)].map((m) => (m[1] as string).trim()));

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { Command } from 'commander';
 import { parseReverseRequest, requestContext } from '../../contract/reverse-request.js';
 import { type PodEvent, type PodStateName, statesTagged } from '../../machines/pod-machine.js';
+import { systemClock } from '../../pods/clock.js';
 import type { FleetDeps } from '../../pods/fleet-deps.js';
 import { loadPodRecord } from '../../pods/pod-reader.js';
 import { sendEvent } from '../../pods/queues.js';
@@ -202,7 +203,7 @@ export function registerPodCommands(program: Command): void {
 
 function statusTable(all: PodStatus[]): string {
   if (all.length === 0) return 'no pods\n';
-  const now = Date.now();
+  const now = systemClock();
   // Two pods of one name (deleted and created again, or submitted twice without a UID): show which is which.
   const seen = new Map<string, number>();
   for (const p of all) seen.set(`${p.namespace}/${p.name}`, (seen.get(`${p.namespace}/${p.name}`) ?? 0) + 1);

@@ -26,8 +26,8 @@ export async function checkNodeForwarding(ctx: DoctorContext): Promise<CheckResu
   const node = ctx.node;
   if (!node) throw new Error('no node connection');
   const where = `${ctx.nodeName}:${ctx.config.Network.SSH.Reverse.NodeSshPort}`;
-  const deadline = Date.now() + ctx.timeoutMs;
-  const left = () => Math.max(500, deadline - Date.now());
+  const deadline = performance.now() + ctx.timeoutMs;
+  const left = () => Math.max(500, deadline - performance.now());
 
   const made = await makeTempDir(
     node.client,

@@ -23,7 +23,7 @@ async function pickNode(ctx: DoctorContext, deadline: number): Promise<{ node: s
   const result = await runCommand(
     login.client,
     "sinfo -h -N -o '%N %t'",
-    Math.max(500, deadline - Date.now()),
+    Math.max(500, deadline - performance.now()),
     'sinfo -h -N -o %N',
   );
   const rows = result.stdout
@@ -63,7 +63,7 @@ export async function checkNode(ctx: DoctorContext): Promise<CheckResult> {
   if (!login) throw new Error('no login connection');
   const ssh = ctx.config.Network.SSH;
   const port = ssh.Reverse.NodeSshPort;
-  const deadline = Date.now() + ctx.timeoutMs;
+  const deadline = performance.now() + ctx.timeoutMs;
   const picked = await pickNode(ctx, deadline);
   if ('status' in picked) return picked;
   const { node, how } = picked;
@@ -77,7 +77,7 @@ export async function checkNode(ctx: DoctorContext): Promise<CheckResult> {
   try {
     channel = await bounded(
       `a channel from the login node to ${where}`,
-      Math.max(500, deadline - Date.now()),
+      Math.max(500, deadline - performance.now()),
       openDirectTcpip(login.client, node, port),
       (late) => late.destroy(),
     );
@@ -100,7 +100,7 @@ export async function checkNode(ctx: DoctorContext): Promise<CheckResult> {
   try {
     const conn = await bounded(
       `the SSH handshake with ${where}`,
-      Math.max(500, deadline - Date.now()),
+      Math.max(500, deadline - performance.now()),
       connectSsh({
         label: `node ${where}`,
         host: node,
@@ -109,7 +109,7 @@ export async function checkNode(ctx: DoctorContext): Promise<CheckResult> {
         privateKey: ctx.privateKey ?? '',
         sock: channel,
         keepaliveIntervalMs: ctx.config.Backhaul.KeepaliveInterval,
-        readyTimeoutMs: Math.max(1000, deadline - Date.now() - 500),
+        readyTimeoutMs: Math.max(1000, deadline - performance.now() - 500),
         verifyHostKey: witness.verify,
       }),
       (late) => late.client.end(),

@@ -16,8 +16,8 @@ export async function checkSlurm(ctx: DoctorContext): Promise<CheckResult> {
   const pathFix =
     `install the Slurm client commands on the login node and put them on the PATH of a non-interactive login of ${user} ` +
     '(ssh runs them without a terminal, so profile scripts that wait for one do not apply)';
-  const deadline = Date.now() + ctx.timeoutMs;
-  const left = () => Math.max(500, deadline - Date.now());
+  const deadline = performance.now() + ctx.timeoutMs;
+  const left = () => Math.max(500, deadline - performance.now());
 
   const versions = new Map<string, string>();
   for (const command of VERSION_COMMANDS) {

@@ -27,8 +27,8 @@ export async function checkUserspaceSshd(ctx: DoctorContext): Promise<CheckResul
   if (!node || !login || !nodeName) throw new Error('no node connection');
   const ssh = ctx.config.Network.SSH;
   const sshdPath = ssh.Reverse.SshdPath;
-  const deadline = Date.now() + ctx.timeoutMs;
-  const left = () => Math.max(500, deadline - Date.now());
+  const deadline = performance.now() + ctx.timeoutMs;
+  const left = () => Math.max(500, deadline - performance.now());
 
   const precheck = await runScript(
     node.client,
