@@ -36,6 +36,7 @@ import { preloadScripts } from '../src/store/scripts.js';
 import { runEffects } from '../src/workers/effects.js';
 import { EventConsumer } from '../src/workers/event-consumer.js';
 import { applyPodEvent } from '../src/workers/pod-events.js';
+import { renderPlan } from '../src/workers/pod-plan.js';
 import { eventsUpTo } from '../tools/sandbox/control-only.js';
 import { NO_CLUSTER_CHECKS } from '../tools/sandbox/loopback-site.js';
 import { say, selfCpuSeconds, sleep } from './control-common.js';
@@ -59,10 +60,21 @@ export const benchConfig = (url: string) =>
     Backhaul: { Redis: { URL: url }, PhaseTimeout: '30m', Kubernetes: NO_CLUSTER_CHECKS },
   });
 
+/** The plan render stores with a pod of these annotations (so the snapshots carry it, as the fleet's do). */
+const PLAN = renderPlan(
+  startPod(
+    { uid: 'u-0', namespace: 'user', name: 'bench', annotations: ANNOTATIONS, ...podLimits(benchConfig('redis://x')) },
+    0,
+  ).snapshot.context,
+  benchConfig('redis://x'),
+);
+
 /** The events of one pod's healthy lifecycle after POD_UPSERT (8 of them; POD_UPSERT makes the 9th). */
 export function lifecycle(at: number): PodEvent[] {
   return [
-    ...eventsUpTo('active', at).slice(1),
+    ...eventsUpTo('active', at)
+      .slice(1)
+      .map((e) => (e.type === 'STEP_DONE' && e.step === 'render' ? { ...e, plan: PLAN } : e)),
     { type: 'TEARDOWN', reason: 'bench', at },
     { type: 'STEP_DONE', step: 'teardown', generation: 1, at },
   ];

@@ -19,7 +19,9 @@
 -- ARGV[9] effects the transition asked for (JSON), or '' for none
 -- ARGV[10] look at the pod again this many ms from now (the review index), or '' for not at all
 -- ARGV[11] history cap (XADD MAXLEN ~)
--- ARGV[12..] history entry as field, value, … (none: no entry)
+-- ARGV[12] the session plan the transition's render made (JSON), or '' for none: kept beside the snapshot,
+--          read only by a launch, so no other transition loads or stores it
+-- ARGV[13..] history entry as field, value, … (none: no entry)
 --
 -- Returns {1, new gen} when written, {0, stored gen} on a conflict, {-1, 0} when the pod has no record.
 --
@@ -72,6 +74,10 @@ elseif cur[4] then
   redis.call('HDEL', KEYS[1], 'outbox')
   redis.call('ZREM', KEYS[6], ARGV[1])
 end
+if ARGV[12] ~= '' then
+  table.insert(fields, 'plan')
+  table.insert(fields, ARGV[12])
+end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 -- When to look at the pod again is a property of the state it is in: set with it, never left behind.
@@ -80,7 +86,7 @@ if ARGV[10] == '' then
 else
   redis.call('ZADD', KEYS[7], now + tonumber(ARGV[10]), ARGV[1])
 end
-if #ARGV > 11 then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[11], '*', unpack(ARGV, 12))
+if #ARGV > 12 then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[11], '*', unpack(ARGV, 13))
 end
 return {1, nextGen}

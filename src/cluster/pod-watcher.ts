@@ -258,7 +258,7 @@ export class PodWatcher {
   private async upToDate(pod: WatchedPod, known?: PodRecord | null): Promise<boolean> {
     const record = known === undefined ? await loadPodRecord(this.deps.store, pod.uid) : known;
     if (!record) {
-      if ((await this.deps.redis.exists(this.deps.keys.history(pod.uid))) === 0) return false;
+      if (!(await this.deps.store.hasHistory(pod.uid))) return false;
       // Torn down because the cluster refused it (a label removed, a policy added): once it no longer
       // does, the pod gets its tunnel back.
       return !(pod.annotations[CLUSTER_VERDICT] === 'ok' && (await this.endedByRefusal(pod.uid)));

@@ -37,7 +37,7 @@ export const podInputSchema = z
 
 /** One loopback address per Service group; a pod has at most 64 forwards. */
 /** The render step's plan: a digest of the site configuration, and the plan as JSON (its shape is render's). */
-const renderedPlan = z.object({
+export const renderedPlan = z.object({
   site: z.string().regex(/^[0-9a-f]{64}$/, 'a SHA-256 digest in hex'),
   plan: z.record(z.string(), z.unknown()),
 });
@@ -65,7 +65,6 @@ export const podContextSchema = z.object({
   forwardsReadyAt: ms.nullable(),
   relayAddresses: relayAddresses.optional(),
   isolation: isolation.optional(),
-  plan: renderedPlan.optional(),
   podDeleted: z.boolean(),
   teardownReason: z.string().nullable(),
 }) satisfies z.ZodType<PodContext>;

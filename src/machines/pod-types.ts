@@ -86,8 +86,6 @@ export interface PodContext extends PodLimits {
    * of the job's own. Absent from a relay too old to say.
    */
   isolation?: TunnelIsolation;
-  /** The session plan the render step made, used by every launch of the pod; absent until rendered. */
-  plan?: RenderedPlan;
   podDeleted: boolean;
   /** Why the pod is being torn down (TEARDOWN's reason, 'pod-deleted', 'job-ended', 'sockets-vanished'). */
   teardownReason: string | null;
@@ -95,8 +93,9 @@ export interface PodContext extends PodLimits {
 
 /**
  * A session plan as the render step made it (src/render/session-plan.ts: plain JSON, opaque to the
- * machine), with the digest of the site configuration it was rendered from: a launch under another
- * configuration renders it again, and says so.
+ * machine, which does not keep it: the store keeps it beside the pod's snapshot, written with the
+ * transition that leaves `rendering`), with the digest of the site configuration it was rendered from: a
+ * launch under another configuration renders it again, and says so.
  */
 export interface RenderedPlan {
   site: string;
@@ -138,7 +137,7 @@ export interface StepDoneEvent extends Timed {
   type: 'STEP_DONE';
   step: StepName;
   generation?: number;
-  /** The render step's plan (the render step only). */
+  /** The render step's plan (the render step only; stored by the control worker, not by the machine). */
   plan?: RenderedPlan;
 }
 export interface StepFailedEvent extends Timed {

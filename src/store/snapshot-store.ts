@@ -39,6 +39,8 @@ export interface PodWrite {
   deadlineAt?: number | null;
   /** The effects the transition asked for, kept in the record until cleared (an outbox); none when absent or empty. */
   effects?: readonly unknown[] | null;
+  /** The session plan the transition's render made (JSON), kept beside the snapshot for launch to read. */
+  plan?: string | null;
   /** Look at the pod again this many ms after the write (the review index); never when absent or null. */
   reviewAfterMs?: number | null;
   /**
@@ -128,18 +130,23 @@ export class SnapshotStore {
   }
 
   async load(uid: string): Promise<StoredPod | null> {
-    return parseStored(uid, await this.redis.hgetall(this.keys.pod(uid)));
+    return parseStored(uid, await this.redis.hmget(this.keys.pod(uid), ...RECORD_FIELDS));
+  }
+
+  /** The session plan stored beside the pod's snapshot (JSON, as written), or null. */
+  async plan(uid: string): Promise<string | null> {
+    return this.redis.hget(this.keys.pod(uid), 'plan');
   }
 
   async loadMany(uids: readonly string[]): Promise<(StoredPod | null)[]> {
     if (uids.length === 0) return [];
     const pipeline = this.redis.pipeline();
-    for (const uid of uids) pipeline.hgetall(this.keys.pod(uid));
+    for (const uid of uids) pipeline.hmget(this.keys.pod(uid), ...RECORD_FIELDS);
     const replies = (await pipeline.exec()) ?? [];
     return uids.map((uid, i) => {
       const [err, hash] = replies[i] ?? [null, {}];
       if (err) throw err;
-      return parseStored(uid, hash as Record<string, string>);
+      return parseStored(uid, hash as (string | null)[]);
     });
   }
 
@@ -176,6 +183,7 @@ export class SnapshotStore {
       effectsArg(write),
       reviewArg(write),
       this.historyMaxLen,
+      write.plan ?? '',
       ...historyFields(write.history),
     ])) as [number, number];
     const [status, gen] = reply;
@@ -307,6 +315,11 @@ export class SnapshotStore {
   }
 
   /** The pod's history, oldest first (the last `count` entries when given). */
+  /** Whether the pod has a history (kept for HistoryTTL after its record was forgotten). */
+  async hasHistory(uid: string): Promise<boolean> {
+    return (await this.redis.exists(this.keys.history(uid))) === 1;
+  }
+
   async history(uid: string, count?: number): Promise<HistoryRecord[]> {
     const key = this.keys.history(uid);
     const entries =
@@ -338,7 +351,15 @@ export class SnapshotStore {
   }
 }
 
-function parseStored(uid: string, hash: Record<string, string>): StoredPod | null {
+/** What a load reads of a pod's hash (not its plan: only a launch needs that). */
+const RECORD_FIELDS = ['gen', 'snapshot', 'version', 'state', 'updatedAt', 'namespace', 'name', 'outbox'] as const;
+
+function parseStored(uid: string, values: readonly (string | null)[]): StoredPod | null {
+  const hash: Partial<Record<(typeof RECORD_FIELDS)[number], string>> = {};
+  RECORD_FIELDS.forEach((field, i) => {
+    const value = values[i];
+    if (value !== null && value !== undefined) hash[field] = value;
+  });
   if (hash.gen === undefined) return null;
   const raw = hash.snapshot ?? '';
   let snapshot: unknown;

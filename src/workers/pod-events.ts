@@ -122,14 +122,20 @@ export async function applyPodEvent(deps: FleetDeps, uid: string, event: PodEven
     const step = applyEvent(record.snapshot, event);
     if (!step.changed) return { value: { kind: 'ignored', state: step.from } };
     const context = step.snapshot.context;
+    // The plan render made is kept beside the snapshot, with the transition that takes it (not in the
+    // context: every other transition would load and store it again).
+    const plan = event.type === 'STEP_DONE' && event.plan ? { plan: JSON.stringify(event.plan) } : {};
     return {
-      write: writeOf(
-        context,
-        persistPod(step.snapshot),
-        step.to,
-        historyOf(event, step.from, step.to, context.generation),
-        step.actions,
-      ),
+      write: {
+        ...writeOf(
+          context,
+          persistPod(step.snapshot),
+          step.to,
+          historyOf(event, step.from, step.to, context.generation),
+          step.actions,
+        ),
+        ...plan,
+      },
       value: { kind: 'applied', from: step.from, to: step.to, actions: step.actions, context, gen: 0 },
     };
   });

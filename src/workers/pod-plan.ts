@@ -5,6 +5,7 @@ import { InputError } from '../contract/input-error.js';
 import { parseReverseRequest, type ReverseRequest, requestContext } from '../contract/reverse-request.js';
 import type { SiteConfig } from '../contract/site-config.js';
 import type { PodContext, RenderedPlan } from '../machines/pod-machine.js';
+import { renderedPlan } from '../machines/pod-schema.js';
 import { renderSessionPlan, type SessionPlan } from '../render/session-plan.js';
 
 /** The pod's request, validated against the site (throws InputError for bad input). */
@@ -57,7 +58,18 @@ export function renderPlan(context: PodContext, config: SiteConfig): RenderedPla
 /** The plan a launch uses; `rendered` says why it was rendered again instead of taken as stored. */
 export interface LaunchPlan {
   plan: SessionPlan;
-  rendered?: 'site-changed' | 'not-stored';
+  rendered?: 'site-changed' | 'not-stored' | 'unreadable';
+}
+
+/** The plan stored beside a pod (SnapshotStore.plan), checked; 'unreadable' when it is not one. */
+export function parseStoredPlan(json: string | null): RenderedPlan | null | 'unreadable' {
+  if (json === null) return null;
+  try {
+    const parsed = renderedPlan.safeParse(JSON.parse(json));
+    return parsed.success ? parsed.data : 'unreadable';
+  } catch {
+    return 'unreadable';
+  }
 }
 
 /**
@@ -65,8 +77,14 @@ export interface LaunchPlan {
  * the pod was validated and rendered with. Under another configuration (the fleet restarted with a
  * changed site file) it is rendered again on purpose, for the site as it is now.
  */
-export function launchPlan(context: PodContext, config: SiteConfig): LaunchPlan {
-  const stored = context.plan;
-  if (stored && stored.site === siteDigest(config)) return { plan: stored.plan as unknown as SessionPlan };
-  return { plan: planOf(context, config), rendered: stored ? 'site-changed' : 'not-stored' };
+export function launchPlan(
+  context: PodContext,
+  config: SiteConfig,
+  stored: RenderedPlan | null | 'unreadable',
+): LaunchPlan {
+  if (stored && stored !== 'unreadable' && stored.site === siteDigest(config)) {
+    return { plan: stored.plan as unknown as SessionPlan };
+  }
+  const rendered = stored === 'unreadable' ? 'unreadable' : stored ? 'site-changed' : 'not-stored';
+  return { plan: planOf(context, config), rendered };
 }

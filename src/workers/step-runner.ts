@@ -5,10 +5,16 @@ import { type PodContext, type PodEvent, PURE_STEPS, STATE_OF_STEP, type StepNam
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { type PodView, readPod } from '../pods/pod-reader.js';
 import { jobIds, jobState, sendEvent } from '../pods/queues.js';
-import { launchPlan, renderPlan, requestOf } from './pod-plan.js';
+import { type LaunchPlan, launchPlan, parseStoredPlan, renderPlan, requestOf } from './pod-plan.js';
 import { stopShadow } from './shadow-stop.js';
 
 export type StepOutcome = 'done' | 'failed' | 'stale';
+
+const WHY: Record<NonNullable<LaunchPlan['rendered']>, string> = {
+  'site-changed': 'the site configuration changed since the pod was rendered',
+  'not-stored': 'the pod has no stored plan (its record was rebuilt)',
+  unreadable: 'the stored plan is unreadable',
+};
 
 /**
  * Runs one step of one pod and reports STEP_DONE / STEP_FAILED to its machine (launch reports nothing
@@ -67,14 +73,10 @@ async function perform(deps: FleetDeps, pod: PodView, step: StepName, generation
     case 'render':
       throw new Error(`step ${step} is pure: pureStepResult runs it`);
     case 'launch': {
-      const { plan, rendered } = launchPlan(context, deps.config);
-      if (rendered) {
-        const why =
-          rendered === 'site-changed'
-            ? 'the site configuration changed since the pod was rendered'
-            : 'the pod has no stored plan';
-        deps.log.info({ uid: context.uid, generation }, `launch renders the session plan again: ${why}`);
-      }
+      const stored = parseStoredPlan(await deps.store.plan(context.uid));
+      const { plan, rendered } = launchPlan(context, deps.config, stored);
+      if (rendered)
+        deps.log.info({ uid: context.uid, generation }, `launch renders the session plan again: ${WHY[rendered]}`);
       // The shadow runs for as long as the tunnel lives; a crashed host's job is picked up by another.
       await deps.queues.sessions.add(
         'shadow',

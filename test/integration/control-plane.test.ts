@@ -1,5 +1,6 @@
 import type { Server } from 'node:net';
 import type { Queue } from 'bullmq';
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type PodDetail, podDetail } from '../../src/cli/pod-status.js';
 import { formatDetail } from '../../src/cli/status-format.js';
@@ -11,7 +12,7 @@ import { type FleetDeps, fleetDeps } from '../../src/pods/fleet-deps.js';
 import { jobIds, sendEvent } from '../../src/pods/queues.js';
 import { runEffects } from '../../src/workers/effects.js';
 import { type ApplyResult, applyPodEvent } from '../../src/workers/pod-events.js';
-import { siteDigest } from '../../src/workers/pod-plan.js';
+import { parseStoredPlan, renderPlan, siteDigest } from '../../src/workers/pod-plan.js';
 import { runStep } from '../../src/workers/step-runner.js';
 import { keysNaming, queueEntriesNaming } from '../../tools/demo/leftovers.js';
 import {
@@ -123,6 +124,54 @@ describe('control plane: steps and effects run twice give the same result', () =
     await Promise.all([runEffects(deps, podUid, actions), runEffects(deps, podUid, actions)]);
   }
 
+  it('every launch serves the plan rendering stored; under another site configuration launch renders it again and says so', async () => {
+    const podUid = uid();
+    const annotations = { 'interlink.eu/reverse-forwards': '15401:minio.user.svc.cluster.local:9000' };
+    const t0 = Date.now();
+    const started = await apply(podUid, { type: 'POD_UPSERT', namespace: 'user', name: 'plan', annotations, at: t0 });
+    await apply(podUid, { type: 'STEP_DONE', step: 'validate', generation: 0, at: t0 + 1 });
+    // A plan told apart from one rendered now: the stored one must be what every launch serves.
+    const rendered = renderPlan(started.context, config);
+    const marked = { site: rendered.site, plan: { ...rendered.plan, name: 'as-stored' } };
+    const launching = await apply(podUid, {
+      type: 'STEP_DONE',
+      step: 'render',
+      generation: 0,
+      plan: marked,
+      at: t0 + 2,
+    });
+    expect(launching.to).toBe('launchingShadow');
+    await runEffects(deps, podUid, launching.actions);
+    const planOfSession = async (generation: number) =>
+      (await jobsOf(deps.queues.sessions, podUid)).find((j) => j.id === jobIds.session(podUid, generation))?.data.plan;
+    expect((await planOfSession(1))?.name).toBe('as-stored');
+
+    // A relaunch (the carrier lost) serves the same plan.
+    await apply(podUid, { type: 'SHADOW_UP', host: 'host-x', generation: 1, at: t0 + 3 });
+    const second = await apply(podUid, { type: 'CARRIER_LOST', reason: 'test', generation: 1, at: t0 + 4 });
+    expect(second.context.generation).toBe(2);
+    expect(await runStep(deps, podUid, 'launch', 2)).toBe('done');
+    expect((await planOfSession(2))?.name).toBe('as-stored');
+
+    // The fleet restarted with a changed site file: the next launch renders for the site as it is now.
+    const lines: string[] = [];
+    const log = pino({ level: 'info' }, { write: (line: string) => lines.push(line) });
+    const changed: SiteConfig = { ...config, Backhaul: { ...config.Backhaul, RetryBackoff: 300 } };
+    const restarted = fleetDeps(changed, redis.redis, log, { keyPrefix: 'bhx:', bullPrefix: 'bhx' });
+    try {
+      await apply(podUid, { type: 'SHADOW_UP', host: 'host-x', generation: 2, at: t0 + 5 });
+      await apply(podUid, { type: 'CARRIER_LOST', reason: 'test', generation: 2, at: t0 + 6 });
+      expect(await runStep(restarted, podUid, 'launch', 3)).toBe('done');
+      expect((await planOfSession(3))?.name, lines.join('')).toBe('plan');
+      expect(lines.join(''), lines.join('')).toMatch(
+        /launch renders the session plan again: the site configuration changed since the pod was rendered/,
+      );
+    } finally {
+      await restarted.queues.close();
+    }
+    await apply(podUid, { type: 'TEARDOWN', reason: 'test', at: t0 + 7 });
+  });
+
   it('validate, render, launch and teardown: the second run is stale or harmless, and no job is doubled', async () => {
     const podUid = uid();
     const annotations = { 'interlink.eu/reverse-forwards': '15400:minio.user.svc.cluster.local:9000' };
@@ -180,9 +229,12 @@ describe('control plane: steps and effects run twice give the same result', () =
     const sessions = await jobsOf(deps.queues.sessions, podUid);
     expect(sessions.map((j) => j.id)).toEqual([jobIds.session(podUid, 1)]);
     expect(await sessions[0]?.getState()).toBe('waiting');
-    // The plan is the one rendering stored with the pod, for the site configuration it runs with.
-    expect(launching.context.plan?.site).toBe(siteDigest(deps.config));
-    expect(sessions[0]?.data.plan).toEqual(launching.context.plan?.plan);
+    // The plan is the one rendering stored beside the pod (not in its snapshot), for the site it runs with.
+    const stored = parseStoredPlan(await deps.store.plan(podUid));
+    if (!stored || stored === 'unreadable') throw new Error(`no plan stored: ${JSON.stringify(stored)}`);
+    expect(stored.site).toBe(siteDigest(deps.config));
+    expect(sessions[0]?.data.plan).toEqual(stored.plan);
+    expect(launching.context).not.toHaveProperty('plan');
     // Launch reports nothing (the shadow's own reports move the machine on): no event is queued.
     expect(await deliver(podUid)).toEqual([]);
 

@@ -1026,40 +1026,7 @@ describe('pod machine: persistence', () => {
   });
 });
 
-describe('pod machine: the plan rendered once', () => {
-  const PLAN_A = { site: 'a'.repeat(64), plan: { uid: INPUT.uid, socketDir: '/tmp/a' } };
-  const PLAN_B = { site: 'b'.repeat(64), plan: { uid: INPUT.uid, socketDir: '/tmp/b' } };
-
-  it('keeps the plan of the render step with the pod, through relaunches, until it is rendered again', () => {
-    let snapshot = reach('rendering');
-    expect(snapshot.context.plan).toBeUndefined();
-    snapshot = step(snapshot, { type: 'STEP_DONE', step: 'render', generation: 0, plan: PLAN_A, at: T0 + 10 }).snapshot;
-    expect(stateOf(snapshot)).toBe('launchingShadow');
-    expect(snapshot.context.plan).toEqual(PLAN_A);
-    // A relaunch (the carrier lost, launches left) keeps the plan: launch uses it again.
-    snapshot = step(snapshot, report(snapshot, 'SHADOW_UP', T0 + 11)).snapshot;
-    const relaunch = step(snapshot, report(snapshot, 'CARRIER_LOST', T0 + 12));
-    expect(stateOf(relaunch.snapshot)).toBe('launchingShadow');
-    expect(relaunch.snapshot.context.generation).toBe(2);
-    expect(relaunch.snapshot.context.plan).toEqual(PLAN_A);
-    // Stored and restored with the pod.
-    const restored = restorePod(JSON.parse(JSON.stringify(persistPod(relaunch.snapshot))));
-    expect(restored.ok && restored.snapshot.context.plan).toEqual(PLAN_A);
-    // A retry starts over: the next render's plan replaces it.
-    let failed = step(relaunch.snapshot, { type: 'SESSION_FAILED', generation: 2, error: HARD, at: T0 + 13 });
-    expect(stateOf(failed.snapshot)).toBe('failed');
-    failed = step(failed.snapshot, { type: 'RETRY', at: T0 + 14 });
-    failed = step(failed.snapshot, { type: 'STEP_DONE', step: 'validate', generation: 2, at: T0 + 15 });
-    const again = step(failed.snapshot, {
-      type: 'STEP_DONE',
-      step: 'render',
-      generation: 2,
-      plan: PLAN_B,
-      at: T0 + 16,
-    });
-    expect(again.snapshot.context.plan).toEqual(PLAN_B);
-  });
-
+describe('pod machine: the render step’s plan', () => {
   it('refuses a stored plan that is not one (the site digest is SHA-256 hex, the plan an object)', () => {
     const bad = parsePodEvent({ type: 'STEP_DONE', step: 'render', at: T0, plan: { site: 'x', plan: {} } });
     expect(bad.ok).toBe(false);
@@ -1112,7 +1079,6 @@ describe('pod machine: version', () => {
         'namespace',
         'nodeWaitTimeoutMs',
         'phaseTimeoutMs',
-        'plan',
         'podDeleted',
         'relayAddresses',
         'retryLimit',
@@ -1129,7 +1095,6 @@ describe('pod machine: version', () => {
     // restores on a build that does not know it (zod drops keys it does not know).
     expect(required).not.toContain('relayAddresses');
     expect(required).not.toContain('isolation');
-    expect(required).not.toContain('plan');
   });
 
   it('keeps the relay addresses of FORWARDS_READY, and restores snapshots stored without them', () => {

@@ -4,7 +4,7 @@ import { InputError } from '../../src/contract/input-error.js';
 import type { SiteConfig } from '../../src/contract/site-config.js';
 import { startPod } from '../../src/machines/pod-machine.js';
 import { podLimits } from '../../src/pods/fleet-deps.js';
-import { launchPlan, renderPlan, siteDigest } from '../../src/workers/pod-plan.js';
+import { launchPlan, parseStoredPlan, renderPlan, siteDigest } from '../../src/workers/pod-plan.js';
 import { siteWith } from './contract-fixtures.js';
 
 /** A site whose pods need no verdict of the watch role (the plan is the subject here). */
@@ -36,23 +36,32 @@ describe('the session plan, rendered once', () => {
 
   it('launch takes the stored plan as it is under the same site configuration', () => {
     const stored = renderPlan(context(), site);
-    const ctx = { ...context(), plan: stored };
-    const launch = launchPlan(ctx, site);
+    const launch = launchPlan(context(), site, stored);
     expect(launch.rendered).toBeUndefined();
     expect(launch.plan).toBe(stored.plan);
   });
 
   it('renders again under another site configuration, and says why', () => {
-    const ctx = { ...context(), plan: renderPlan(context(), site) };
-    const launch = launchPlan(ctx, moved);
+    const launch = launchPlan(context(), moved, renderPlan(context(), site));
     expect(launch.rendered).toBe('site-changed');
     expect(launch.plan.carrier.loginHost).toBe('login2.example.org');
   });
 
   it('renders when nothing was stored (a record rebuilt after Redis lost its data)', () => {
-    const launch = launchPlan(context(), site);
+    const launch = launchPlan(context(), site, null);
     expect(launch.rendered).toBe('not-stored');
     expect(launch.plan).toEqual(renderPlan(context(), site).plan);
+  });
+
+  it('reads back what the store keeps, and renders again when that is not a plan', () => {
+    const stored = renderPlan(context(), site);
+    expect(parseStoredPlan(JSON.stringify(stored))).toEqual(stored);
+    expect(parseStoredPlan(null)).toBeNull();
+    expect(parseStoredPlan('{"site":"x","plan":{}}')).toBe('unreadable');
+    expect(parseStoredPlan('not json')).toBe('unreadable');
+    const launch = launchPlan(context(), site, 'unreadable');
+    expect(launch.rendered).toBe('unreadable');
+    expect(launch.plan).toEqual(stored.plan);
   });
 
   it('refuses bad input while rendering, naming the annotation', () => {
