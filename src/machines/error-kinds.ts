@@ -30,7 +30,7 @@ export const ERROR_KINDS = {
   'relay-dead': 'permanent',
   closed: 'transient',
   // The machine and its steps.
-  /** The pod's annotations (or the site) do not make a valid request (a InputError). */
+  /** The pod's annotations (or the site) do not make a valid request (an InputError). */
   'invalid-pod': 'permanent',
   /** A step failed on every retry (the control worker says which, and why). */
   'step-failed': 'transient',

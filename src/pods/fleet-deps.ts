@@ -2,7 +2,7 @@ import type { Redis } from 'ioredis';
 import type { SiteConfig } from '../contract/site-config.js';
 import type { Logger } from '../log.js';
 import type { PodContext, PodEvent, PodLimits, PodStateName } from '../machines/pod-machine.js';
-import { casConflicts } from '../metrics/fleet-metrics.js';
+import { FleetMetrics } from '../metrics/fleet-metrics.js';
 import { HostRegistry } from '../store/host-registry.js';
 import { RedisKeys } from '../store/keys.js';
 import { LeaseStore } from '../store/lease-store.js';
@@ -23,6 +23,8 @@ export interface FleetDeps {
   /** BullMQ key prefix; tests give each run its own. */
   readonly bullPrefix: string | undefined;
   readonly log: Logger;
+  /** This fleet member's Prometheus metrics, in a registry of its own. */
+  readonly metrics: FleetMetrics;
   /** The fleet's one clock (epoch ms): every role reads time here, so a test can move it. */
   readonly now: Clock;
 }
@@ -41,6 +43,8 @@ export type TransitionHook = (
 
 export interface FleetDepsOptions {
   keyPrefix?: string;
+  /** Where this member counts (a new registry when absent). */
+  metrics?: FleetMetrics;
   bullPrefix?: string;
   now?: () => number;
 }
@@ -62,16 +66,18 @@ export function podReadDeps(redis: Redis, opts: FleetDepsOptions = {}): PodReadD
 
 export function fleetDeps(config: SiteConfig, redis: Redis, log: Logger, opts: FleetDepsOptions = {}): FleetDeps {
   const keys = new RedisKeys(opts.keyPrefix);
+  const metrics = opts.metrics ?? new FleetMetrics();
   return {
     config,
     redis,
     keys,
-    store: new SnapshotStore(redis, { keys, onConflict: () => casConflicts.inc() }),
+    store: new SnapshotStore(redis, { keys, onConflict: () => metrics.casConflicts.inc() }),
     leases: new LeaseStore(redis, { keys }),
     hosts: new HostRegistry(redis, { keys }),
     queues: openQueues(redis, keys, opts.bullPrefix),
     bullPrefix: opts.bullPrefix,
     log,
+    metrics,
     now: opts.now ?? systemClock,
   };
 }

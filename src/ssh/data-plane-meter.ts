@@ -7,8 +7,9 @@ export type { DialFailure } from '../metrics/data-plane-metrics.js';
 /**
  * What the forwarded connections of one thread did, counted per endpoint (namespace and Service, never
  * per pod: the number of series stays that of the cluster's Services). Each thread meters its own
- * connections; the deltas go to the process's Prometheus registry (src/metrics/fleet-metrics.ts): at
- * scrape time from the session host's own thread, every couple of seconds from each tunnel thread.
+ * connections and the squeue commands of its login connections; the deltas go to the session host's
+ * metrics (FleetMetrics.dataPlane): at scrape time from its own thread, every couple of seconds from each
+ * tunnel thread.
  */
 
 /** A Service's namespace and name from its cluster name (name.namespace.svc.<domain>); else the host as it is. */
@@ -33,6 +34,13 @@ export class DataPlaneMeter {
   private readonly open = new Map<Socket, Tracked>();
   private rtts: number[] = [];
   private stallsSeen = stallCounter?.count ?? 0;
+  private squeue = { queries: 0, failures: 0 };
+
+  /** One squeue command run on a login connection of this thread, and whether it failed. */
+  squeueRan(failed: boolean): void {
+    this.squeue.queries += 1;
+    if (failed) this.squeue.failures += 1;
+  }
 
   /** One keepalive round trip of a carrier, in seconds. */
   carrierRtt(seconds: number): void {
@@ -95,8 +103,12 @@ export class DataPlaneMeter {
     const stalls = stallCounter?.count ?? 0;
     const windowStalls = stalls - this.stallsSeen;
     this.stallsSeen = stalls;
-    if (endpoints.length === 0 && carrierRttSeconds.length === 0 && windowStalls === 0) return undefined;
-    return { endpoints, carrierRttSeconds, windowStalls };
+    const squeue = this.squeue;
+    this.squeue = { queries: 0, failures: 0 };
+    if (endpoints.length === 0 && carrierRttSeconds.length === 0 && windowStalls === 0 && squeue.queries === 0) {
+      return undefined;
+    }
+    return { endpoints, carrierRttSeconds, windowStalls, squeue };
   }
 }
 

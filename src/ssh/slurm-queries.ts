@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client } from 'ssh2';
-import { squeueFailures, squeueQueries } from '../metrics/fleet-metrics.js';
+import { dataPlane } from './data-plane-meter.js';
 import { execCapture, RemoteTimeoutError } from './remote-exec.js';
 import { SessionError } from './session-error.js';
 import { currentJob, parseSqueue, type SlurmJob, squeueCommand } from './slurm-job.js';
@@ -88,11 +88,10 @@ export class SlurmJobLookup {
 
   private async squeue(names: readonly string[]): Promise<SlurmJob[]> {
     this.queries += 1;
-    squeueQueries.inc();
     const result = await execCapture(this.login, squeueCommand(this.user, names), {
       timeoutMs: this.timeoutMs,
     }).catch((err: unknown) => {
-      squeueFailures.inc();
+      dataPlane.squeueRan(true);
       // squeue that runs and does not finish waits for slurmctld (its own timeout is longer than ours).
       if (err instanceof RemoteTimeoutError && err.phase === 'run')
         throw new SessionError('slurm-unreachable', `squeue on the login node: ${err.message}`, { cause: err });
@@ -108,11 +107,12 @@ export class SlurmJobLookup {
           : result.signal
             ? `killed by ${result.signal}`
             : 'the channel closed without an exit status';
-      squeueFailures.inc();
+      dataPlane.squeueRan(true);
       // squeue that ran and failed: slurmctld does not answer; a channel that died: the login node.
       const kind = result.code !== null ? 'slurm-unreachable' : 'login-unreachable';
       throw new SessionError(kind, `squeue failed on the login node (${how})${said ? `: ${said}` : ''}`);
     }
+    dataPlane.squeueRan(false);
     return parseSqueue(result.stdout);
   }
 }

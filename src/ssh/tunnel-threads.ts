@@ -1,6 +1,6 @@
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
-import { applyDataPlane } from '../metrics/data-plane-metrics.js';
+import type { DataPlaneReport } from '../metrics/data-plane-metrics.js';
 import type { SessionTraffic } from './forward-traffic.js';
 import { HopPipeServer } from './hop-pipes.js';
 import type { LoginHops } from './login-hop.js';
@@ -73,6 +73,7 @@ class TunnelThread {
     ownLogin: SiteAccessData | undefined,
     private readonly directory: ServiceDirectory,
     private readonly log: TunnelThreadsLog,
+    private readonly onReport: (report: DataPlaneReport) => void,
     private readonly onExit: (thread: TunnelThread, why: string) => void,
   ) {
     const data: TunnelThreadData = {
@@ -251,7 +252,7 @@ class TunnelThread {
         this.finish(message.id, message.end);
         return;
       case 'metrics':
-        applyDataPlane(message.report);
+        this.onReport(message.report);
         return;
       case 'traffic': {
         const held = this.held.get(message.id);
@@ -299,6 +300,7 @@ export class TunnelThreads {
     private readonly pipes: HopPipeServer,
     private readonly directory: ServiceDirectory,
     private readonly log: TunnelThreadsLog,
+    private readonly onReport: (report: DataPlaneReport) => void,
   ) {
     this.unsubscribe = directory.onFleetAddresses((addresses) => {
       for (const thread of this.threads) thread.send({ type: 'fleet-addresses', addresses: [...addresses] });
@@ -312,7 +314,13 @@ export class TunnelThreads {
    */
   static async start(
     access: SiteAccess,
-    opts: { threads: number; login: TunnelLogin; directory?: ServiceDirectory },
+    opts: {
+      threads: number;
+      login: TunnelLogin;
+      directory?: ServiceDirectory;
+      /** Each thread's data-plane report (every couple of seconds): the session host's metrics take them. */
+      onReport: (report: DataPlaneReport) => void;
+    },
     log: TunnelThreadsLog,
   ): Promise<TunnelThreads> {
     const count = opts.threads;
@@ -321,7 +329,14 @@ export class TunnelThreads {
     if (pipes.staleRemoved.length > 0) {
       log.info({ removed: pipes.staleRemoved }, 'removed the pipe dirs of session hosts that died without stopping');
     }
-    const threads = new TunnelThreads(access, opts.login, pipes, opts.directory ?? NO_CLUSTER_DIRECTORY, log);
+    const threads = new TunnelThreads(
+      access,
+      opts.login,
+      pipes,
+      opts.directory ?? NO_CLUSTER_DIRECTORY,
+      log,
+      opts.onReport,
+    );
     try {
       for (let i = 0; i < count; i++) threads.threads.push(threads.spawn(i));
       await Promise.all(threads.threads.map((t) => t.ready));
@@ -388,8 +403,15 @@ export class TunnelThreads {
 
   private spawn(index: number): TunnelThread {
     const ownLogin = this.login === 'per-thread' ? this.access.data : undefined;
-    return new TunnelThread(index, this.access.pool, this.pipes, ownLogin, this.directory, this.log, (thread, why) =>
-      this.replace(thread, why),
+    return new TunnelThread(
+      index,
+      this.access.pool,
+      this.pipes,
+      ownLogin,
+      this.directory,
+      this.log,
+      this.onReport,
+      (thread, why) => this.replace(thread, why),
     );
   }
 

@@ -2,7 +2,6 @@ import { type Job, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { podError } from '../machines/error-kinds.js';
 import { type PodAction, type PodEvent, PURE_STEPS, parsePodEvent, type StepName } from '../machines/pod-machine.js';
-import { countPodsWith, exhaustedSteps, ignoredEvents, steps, transitions } from '../metrics/fleet-metrics.js';
 import type { StreamedEvent } from '../pods/event-stream.js';
 import type { FleetDeps, TransitionHook } from '../pods/fleet-deps.js';
 import { QUEUE_NAMES, type StepJobData, sendEvent } from '../pods/queues.js';
@@ -73,11 +72,11 @@ export class ControlWorker {
     });
     this.convergence = new Converger(deps, opts.convergence);
     this.convergence.start();
-    countPodsWith(() => deps.store.countByState());
+    deps.metrics.countPodsWith(() => deps.store.countByState());
   }
 
   async close(): Promise<void> {
-    countPodsWith(undefined);
+    this.deps.metrics.countPodsWith(undefined);
     await this.convergence.stop();
     await Promise.all([this.events.close(), this.steps.close()]);
   }
@@ -124,7 +123,7 @@ export class ControlWorker {
     const parsed = parsePodEvent(data);
     if (!parsed.ok) throw new PermanentEventError(`pod ${uid}: bad event: ${parsed.message}`);
     if (await this.fencedOff(uid, parsed.event)) {
-      ignoredEvents.inc({ event: parsed.event.type });
+      this.deps.metrics.ignoredEvents.inc({ event: parsed.event.type });
       return `ignored ${parsed.event.type}: its session lost the lease to another`;
     }
     const path: string[] = [];
@@ -136,7 +135,7 @@ export class ControlWorker {
       const result = await applyPodEvent(this.deps, uid, event);
       switch (result.kind) {
         case 'ignored':
-          if (path.length === 0) ignoredEvents.inc({ event: event.type });
+          if (path.length === 0) this.deps.metrics.ignoredEvents.inc({ event: event.type });
           if (pendingPure !== undefined) await this.deps.store.clearOutbox(uid, pendingPure);
           return path.length > 0 ? path.join(', ') : `ignored ${event.type} in ${result.state ?? 'no machine'}`;
         case 'unrestorable':
@@ -144,7 +143,7 @@ export class ControlWorker {
           throw new PermanentEventError(`pod ${uid}: ${result.message}`);
         case 'applied': {
           path.push(`${result.from ?? 'new'} → ${result.to}`);
-          transitions.inc({ to: result.to, event: event.type });
+          this.deps.metrics.transitions.inc({ to: result.to, event: event.type });
           this.onTransition?.(uid, result.context, result.from, result.to, event);
           const pure = result.actions.find(
             (a): a is PureStepRequest => a.type === 'runStep' && PURE_STEPS.has(a.params.step) && !a.params.delayMs,
@@ -170,10 +169,10 @@ export class ControlWorker {
     const { uid, step, generation } = job.data;
     try {
       const outcome = await runStep(this.deps, uid, step, generation);
-      steps.inc({ step, outcome });
+      this.deps.metrics.steps.inc({ step, outcome });
       return outcome;
     } catch (err) {
-      steps.inc({ step, outcome: 'error' });
+      this.deps.metrics.steps.inc({ step, outcome: 'error' });
       throw err;
     }
   }
@@ -186,7 +185,7 @@ export class ControlWorker {
     const attempts = job.opts.attempts ?? 1;
     if (job.attemptsMade < attempts) return;
     const { uid, step, generation } = job.data;
-    exhaustedSteps.inc({ step });
+    this.deps.metrics.exhaustedSteps.inc({ step });
     const message = `${step} failed ${job.attemptsMade} time(s): ${err.message}`;
     await sendEvent(this.deps.queues, uid, {
       type: 'STEP_FAILED',

@@ -1,4 +1,3 @@
-import { deadlinesSent } from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { loadPodRecords } from '../pods/pod-reader.js';
 import { sendEvent } from '../pods/queues.js';
@@ -44,7 +43,7 @@ export class DeadlineClock {
         generation: deadline.generation,
         at: now,
       });
-      deadlinesSent.inc({ name: deadline.name });
+      this.deps.metrics.deadlinesSent.inc({ name: deadline.name });
       sent += 1;
     }
     return sent;

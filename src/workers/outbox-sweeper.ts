@@ -1,5 +1,4 @@
 import { podActionsSchema } from '../machines/pod-machine.js';
-import { outboxRepairs } from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { runEffects } from './effects.js';
 
@@ -39,7 +38,7 @@ export class OutboxSweeper {
       } else {
         this.deps.log.info({ uid: record.uid, effects: parsed.data.length }, 'outbox: running effects left behind');
         await runEffects(this.deps, record.uid, parsed.data);
-        outboxRepairs.inc();
+        this.deps.metrics.outboxRepairs.inc();
         ran += 1;
       }
       await this.deps.store.clearOutbox(record.uid, record.gen);

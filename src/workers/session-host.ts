@@ -10,15 +10,6 @@ import {
   stateHasTag,
   type TunnelIsolation,
 } from '../machines/pod-machine.js';
-import { reportDataPlane } from '../metrics/data-plane-metrics.js';
-import {
-  jobsEndedWithoutTrap,
-  reportTunnelLoads,
-  sessionEnds,
-  shadowsHeld,
-  shadowsReasserted,
-  sshCrypto,
-} from '../metrics/fleet-metrics.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { type PodView, readPod } from '../pods/pod-reader.js';
 import { QUEUE_NAMES, type SessionJobData, sendEvent } from '../pods/queues.js';
@@ -191,7 +182,10 @@ export class SessionHost {
   ): Promise<SessionHost> {
     const access = await openSiteAccess(deps.config);
     const crypto = sshCryptoPath();
-    sshCrypto.set({ path: crypto.native ? 'native' : 'javascript', patched: crypto.patched ? 'yes' : 'no' }, 1);
+    deps.metrics.sshCrypto.set(
+      { path: crypto.native ? 'native' : 'javascript', patched: crypto.patched ? 'yes' : 'no' },
+      1,
+    );
     if (crypto.ok) deps.log.info({ sshCrypto: crypto.description }, 'ssh crypto');
     else deps.log.warn({ sshCrypto: crypto.description, fix: crypto.fix }, 'ssh crypto is the slow path');
     const wanted = deps.config.Backhaul.TunnelThreads;
@@ -200,16 +194,21 @@ export class SessionHost {
       count > 0
         ? await TunnelThreads.start(
             access,
-            { threads: count, login: deps.config.Backhaul.TunnelLogin, directory },
+            {
+              threads: count,
+              login: deps.config.Backhaul.TunnelLogin,
+              directory,
+              onReport: (report) => deps.metrics.dataPlane.apply(report),
+            },
             {
               info: (detail, message) => deps.log.info(detail, message),
               warn: (detail, message) => deps.log.warn(detail, message),
             },
           )
         : undefined;
-    if (tunnels) reportTunnelLoads(() => tunnels.loads);
+    if (tunnels) deps.metrics.reportTunnelLoads(() => tunnels.loads);
     // Shadows on this thread (TunnelThreads 0) meter here; tunnel threads send theirs.
-    reportDataPlane(() => dataPlane.flush());
+    deps.metrics.dataPlane.reportFrom(() => dataPlane.flush());
     if (tunnels && !process.execArgv.includes('--single-threaded-gc')) {
       deps.log.info(
         { hint: 'node --single-threaded-gc bin/backhaul.js worker ...' },
@@ -356,7 +355,7 @@ export class SessionHost {
     held = { uid, generation, fence: lease.token, session, reached: 'waitingBatchHost' };
     const mine = held;
     this.sessions.set(uid, mine);
-    shadowsHeld.inc();
+    deps.metrics.shadowsHeld.inc();
     // Losing the lease (revoked by teardown, taken after an expiry) closes the session at once. A renewal
     // after expiresAt still succeeds while nobody has taken the lease, so a Redis outage does not end it;
     // a lease Redis lost with all its data is re-asserted (recover) instead.
@@ -376,12 +375,12 @@ export class SessionHost {
     );
     try {
       const end = await session.run();
-      sessionEnds.inc({ end: end.type });
-      if (end.type === 'JOB_ENDED' && end.trapMissed) jobsEndedWithoutTrap.inc();
+      deps.metrics.sessionEnds.inc({ end: end.type });
+      if (end.type === 'JOB_ENDED' && end.trapMissed) deps.metrics.jobsEndedWithoutTrap.inc();
       if (end.type === 'CLOSED' && this.handingOver) return await this.handBack(job, token, mine.fence);
       return end;
     } finally {
-      shadowsHeld.dec();
+      deps.metrics.shadowsHeld.dec();
       clearInterval(renew);
       // After a stall (its job lock ran out, e.g. in a Redis outage) this host may have taken the same
       // job again: that newer session is the pod's now and must stay known (stop() closes what is here).
@@ -466,7 +465,7 @@ export class SessionHost {
           return;
         }
         held.fence = got.lease.token;
-        shadowsReasserted.inc();
+        deps.metrics.shadowsReasserted.inc();
         void this.tellRebuiltRecord(held, log);
         return;
       } catch (err) {

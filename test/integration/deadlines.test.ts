@@ -2,7 +2,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/log.js';
 import type { PodEvent } from '../../src/machines/pod-machine.js';
 import { backoffDelay } from '../../src/machines/pod-rules.js';
-import { casConflicts, registry } from '../../src/metrics/fleet-metrics.js';
 import { type FleetDeps, fleetDeps } from '../../src/pods/fleet-deps.js';
 import { jobIds, sendEvent } from '../../src/pods/queues.js';
 import { ControlWorker } from '../../src/workers/control-worker.js';
@@ -141,7 +140,7 @@ describe('the control worker delivers deadlines and reports steps that used up t
     expect(await redis.redis.zscore(deps.keys.outbox(), podUid)).toBeNull();
     expect((await deps.store.load(podUid))?.outbox).toBeNull();
     // What an operator's Prometheus sees of it.
-    const text = await registry.metrics();
+    const text = await deps.metrics.registry.metrics();
     const sent = Number(/^backhaul_deadlines_sent_total\{name="launchingShadow"\} (\d+)$/m.exec(text)?.[1]);
     expect(sent).toBeGreaterThanOrEqual(limit);
     expect(text).toMatch(/^backhaul_transitions_total\{to="failed",event="DEADLINE"\} 1$/m);
@@ -152,7 +151,7 @@ describe('the control worker delivers deadlines and reports steps that used up t
 
   it('events of one pod taken together are applied in queue order, one at a time (no CAS conflict)', async () => {
     const podUid = uid();
-    const conflictsBefore = (await casConflicts.get()).values[0]?.value ?? 0;
+    const conflictsBefore = (await deps.metrics.casConflicts.get()).values[0]?.value ?? 0;
     const names = Array.from({ length: 30 }, (_, i) => `renamed-${i}`);
     await control.events.pause();
     for (const name of names) {
@@ -172,7 +171,7 @@ describe('the control worker delivers deadlines and reports steps that used up t
     }
     // The last one sent is the name stored: no earlier event was applied after it.
     expect((await deps.store.load(podUid))?.name).toBe('renamed-29');
-    expect((await casConflicts.get()).values[0]?.value ?? 0).toBe(conflictsBefore);
+    expect((await deps.metrics.casConflicts.get()).values[0]?.value ?? 0).toBe(conflictsBefore);
     await sendEvent(deps.queues, podUid, { type: 'TEARDOWN', reason: 'test', at: Date.now() });
     await waitForPodState({ deps }, podUid, null, 20_000);
   }, 30_000);
@@ -208,7 +207,7 @@ describe('the control worker delivers deadlines and reports steps that used up t
       .lastError;
     expect(lastError.kind).toBe('step-failed');
     expect(lastError.message).toMatch(/^teardown failed 2 time\(s\): .*WRONGTYPE/);
-    expect(await registry.metrics()).toMatch(/^backhaul_steps_exhausted_total\{step="teardown"\} 1$/m);
+    expect(await deps.metrics.registry.metrics()).toMatch(/^backhaul_steps_exhausted_total\{step="teardown"\} 1$/m);
 
     await redis.redis.del(deps.keys.lease(podUid));
     await sendEvent(deps.queues, podUid, { type: 'RETRY', at: Date.now() });

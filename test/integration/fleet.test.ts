@@ -4,7 +4,6 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseSiteConfig } from '../../src/contract/site-config.js';
 import type { RunningFleet } from '../../src/fleet/fleet.js';
-import { registry } from '../../src/metrics/fleet-metrics.js';
 import { LOOPBACK_ENDPOINT_POLICY, NO_CLUSTER_CHECKS } from '../../tools/sandbox/loopback-site.js';
 import {
   echoServer,
@@ -77,7 +76,7 @@ describe('the fleet (control + session roles) on the loopback site', () => {
     await upsert(fleet, podUid, 'p1', { 'interlink.eu/reverse-forwards': forwards });
     // While it runs, its tunnel is carried by one of the session host's tunnel threads, on ssh2's native crypto.
     await waitForPodState(fleet, podUid, 'active', 60_000);
-    const metrics = await registry.metrics();
+    const metrics = await fleet.deps.metrics.registry.metrics();
     expect(metrics).toMatch(/^backhaul_ssh_crypto_info\{path="native",patched="yes"\} 1$/m);
     const loads = [...metrics.matchAll(/^backhaul_tunnel_thread_shadows\{thread="\d+"\} (\d+)$/gm)].map((m) =>
       Number(m[1]),

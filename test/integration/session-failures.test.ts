@@ -5,8 +5,7 @@ import { join } from 'node:path';
 import ssh2 from 'ssh2';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { bindAddress } from '../../src/contract/derivations.js';
-import { applyDataPlane } from '../../src/metrics/data-plane-metrics.js';
-import { registry } from '../../src/metrics/fleet-metrics.js';
+import { FleetMetrics } from '../../src/metrics/fleet-metrics.js';
 import { dataPlane } from '../../src/ssh/data-plane-meter.js';
 import { openSiteAccess } from '../../src/ssh/site-access.js';
 import {
@@ -313,9 +312,11 @@ PYEOF
     expect(warnings).toContain('endpoint refused by the endpoint policy');
     expect(warnings).toContain('socks target refused by the endpoint policy');
     // The refusal is a dial failure of that Service, reason policy, in /metrics.
+    const metrics = new FleetMetrics();
     const report = dataPlane.flush();
-    if (report) applyDataPlane(report);
-    const failures = (await registry.getSingleMetric('backhaul_forward_dial_failures_total')?.get())?.values ?? [];
+    if (report) metrics.dataPlane.apply(report);
+    const failures =
+      (await metrics.registry.getSingleMetric('backhaul_forward_dial_failures_total')?.get())?.values ?? [];
     expect(
       failures.filter((v) => v.labels.namespace === 'user' && v.labels.service === 'minio'),
       JSON.stringify(failures),

@@ -1,6 +1,7 @@
 import { rm } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { squeueQueries } from '../../src/metrics/fleet-metrics.js';
+import { FleetMetrics } from '../../src/metrics/fleet-metrics.js';
+import { dataPlane } from '../../src/ssh/data-plane-meter.js';
 import type { LoginLease } from '../../src/ssh/login-pool.js';
 import { findPodJob, jobLookup } from '../../src/ssh/slurm-queries.js';
 import { type Harness, harness, uid } from '../../tools/sandbox/shadow-harness.js';
@@ -11,9 +12,13 @@ import { cancelSubmittedJobs, sbatch, waitForState } from '../../tools/sandbox/s
  * (each shadow polls its job every 2 s while it is pending: one squeue per pod would be an RPC to
  * slurmctld per pod per poll). Real login sshd, real Slurm.
  */
+/** A session host's metrics, fed by this thread's meter as the session host feeds them when scraped. */
+const metrics = new FleetMetrics();
+metrics.dataPlane.reportFrom(() => dataPlane.flush());
+
 /** backhaul_squeue_queries_total, as /metrics reports it. */
 async function counted(): Promise<number> {
-  return (await squeueQueries.get()).values[0]?.value ?? 0;
+  return (await metrics.dataPlane.squeueQueries.get()).values[0]?.value ?? 0;
 }
 
 describe('Slurm job lookup through the login node', () => {

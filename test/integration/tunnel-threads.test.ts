@@ -2,7 +2,7 @@ import { readFile, rm, stat } from 'node:fs/promises';
 import type { Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { registry } from '../../src/metrics/fleet-metrics.js';
+import { FleetMetrics } from '../../src/metrics/fleet-metrics.js';
 import { dialRulesOf } from '../../src/ssh/endpoint-dial.js';
 import type { ShadowEnd, ShadowPhase } from '../../src/ssh/shadow-session.js';
 import { TunnelThreads } from '../../src/ssh/tunnel-threads.js';
@@ -36,6 +36,8 @@ describe.each([
   let h: Harness;
   let echo: { server: Server; port: number };
   let threads: TunnelThreads;
+  /** The session host's metrics, fed by the threads' reports as a fleet member's are. */
+  const metrics = new FleetMetrics();
   const logs: string[] = [];
 
   beforeAll(async () => {
@@ -43,7 +45,7 @@ describe.each([
     echo = await echoServer();
     threads = await TunnelThreads.start(
       h.access,
-      { threads: 2, login },
+      { threads: 2, login, onReport: (report) => metrics.dataPlane.apply(report) },
       {
         info: (d, m) => logs.push(`info ${m} ${JSON.stringify(d)}`),
         warn: (d, m) => logs.push(`warn ${m} ${JSON.stringify(d)}`),
@@ -80,7 +82,7 @@ describe.each([
 
   /** A metric's value for the echo endpoint (namespace "", service 127.0.0.1), summed over other labels. */
   async function endpointMetric(name: string, extra: Record<string, string> = {}, sample = name): Promise<number> {
-    const metric = registry.getSingleMetric(name);
+    const metric = metrics.registry.getSingleMetric(name);
     const values = metric ? (await metric.get()).values : [];
     return values
       .filter(

@@ -3,8 +3,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { POD_STATES } from '../../src/machines/pod-machine.js';
-import { registry } from '../../src/metrics/fleet-metrics.js';
-import { exposed, problemsOf, registered, SCRAPE_LABELS } from '../fixtures/promql-check.js';
+import { exposed, problemsOf, registered, registry, SCRAPE_LABELS } from '../fixtures/promql-check.js';
 
 /**
  * deploy/grafana-dashboard.json against the metrics the fleet registers (src/metrics/fleet-metrics.ts):

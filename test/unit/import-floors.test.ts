@@ -99,6 +99,22 @@ describe('the import graph of src/', () => {
     expect(callers.map((file) => relative(SRC, file))).toEqual(['pods/pod-reader.ts']);
   });
 
+  it('keeps metrics in a registry per fleet member: prom-client only in src/metrics/, and no metric made at module scope', () => {
+    const wrong: string[] = [];
+    for (const file of files) {
+      const text = readFileSync(file, 'utf8');
+      const where = relative(SRC, file);
+      if (/from 'prom-client'/.test(text) && !where.startsWith('metrics/')) wrong.push(`${where} imports prom-client`);
+      if (
+        /^(?:export )?(?:const|let) \w+ = new (?:Counter|Gauge|Histogram|Summary|Registry)\b|^new (?:Counter|Gauge|Histogram|Summary)\b/m.test(
+          text,
+        )
+      )
+        wrong.push(`${where} makes a metric at module scope`);
+    }
+    expect(wrong).toEqual([]);
+  });
+
   it('reads the wall clock in one place, src/pods/clock.ts (the fleet passes it on as FleetDeps.now)', () => {
     const readers = files.filter((file) => {
       const code = readFileSync(file, 'utf8').replace(/\/\*[\s\S]*?\*\/|\/\/.*$/gm, '');

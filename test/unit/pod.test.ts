@@ -53,7 +53,7 @@ spec:
     expect(() => parsePodYaml('metadata: [')).toThrow(/not valid YAML/);
   });
 
-  it('refuses an alias bomb and deep nesting with a InputError, not an exception of the YAML library', () => {
+  it('refuses an alias bomb and deep nesting with an InputError, not an exception of the YAML library', () => {
     // "Billion laughs": each level doubles the last; expanded it would be 2^30 strings.
     const levels = Array.from({ length: 30 }, (_, i) => `l${i + 1}: &l${i + 1} [*l${i}, *l${i}]`);
     const bomb = `l0: &l0 "lol"\n${levels.join('\n')}\nmetadata: {name: p}\n`;

@@ -101,7 +101,7 @@ const BASELINE = renderPrelude(
 );
 
 describe('annotation grammar, properties', () => {
-  it('any annotation values give a valid request or a InputError naming the annotation, never another exception', () => {
+  it('any annotation values give a valid request or an InputError naming the annotation, never another exception', () => {
     let accepted = 0;
     fc.assert(
       fc.property(

@@ -49,13 +49,15 @@ export function registerWorker(program: Command): void {
       .option('--health-address <address>', 'address of the health endpoint', '0.0.0.0'),
   ).action(async (flags: WorkerFlags) => {
     // Loaded here: the fleet (SSH, Kubernetes client, BullMQ workers) is not needed by any other command.
-    const [{ startFleet }, { startHealthServer }, { metricsText }] = await Promise.all([
+    const [{ startFleet }, { startHealthServer }, { FleetMetrics }] = await Promise.all([
       import('../../fleet/fleet.js'),
       import('../../fleet/health.js'),
       import('../../metrics/fleet-metrics.js'),
     ]);
     const config = await loadSiteConfig(flags);
     const log = createLogger('backhaul');
+    // Before the health endpoint, which serves them from the start; the fleet counts into them.
+    const metrics = new FleetMetrics();
     const target = redisTarget(flags, config);
     const onCommandLine = passwordOnCommandLine(target);
     if (onCommandLine) log.warn(onCommandLine);
@@ -80,12 +82,13 @@ export function registerWorker(program: Command): void {
           ...(!webhookOnly ? [{ name: 'redis', check: async () => (await redis.ping()) === 'PONG' }] : []),
           { name: 'pod-watch', check: () => fleet?.cluster.watcher?.synced ?? true },
         ],
-        metricsText,
+        () => metrics.text(),
       );
       log.info({ port: health.port }, 'health endpoint listening');
     }
     const running = await startFleet(config, redis, log, {
       roles: flags.roles,
+      metrics,
       ...(flags.hostId ? { hostId: flags.hostId } : {}),
     });
     fleet = running;
