@@ -135,12 +135,16 @@ describe.each([
             (await endpointMetric('backhaul_forward_bytes_total', { direction })) - (bytesBefore[i] ?? 0),
         ),
       );
+    // The bytes and the connection's close may come in two reports (a report samples an open socket).
+    const open = () => endpointMetric('backhaul_forward_connections_open');
     await waitFor(
-      'the bytes counted in /metrics',
-      async () => ((await counted()).every((n) => n === moved) ? true : undefined),
+      'the bytes and the closed connection counted in /metrics',
+      async () => ((await counted()).every((n) => n === moved) && (await open()) === 0 ? true : undefined),
       10_000,
     ).catch(async (err: Error) => {
-      throw new Error(`${err.message}: counted ${JSON.stringify(await counted())} of ${moved} each way`);
+      throw new Error(
+        `${err.message}: counted ${JSON.stringify(await counted())} of ${moved} each way, ${await open()} open`,
+      );
     });
     expect((await endpointMetric('backhaul_forward_connections_total')) - connectionsBefore).toBe(1);
     expect(await endpointMetric('backhaul_forward_connections_open')).toBe(0);
