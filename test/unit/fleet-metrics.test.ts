@@ -1,21 +1,11 @@
 import { describe, expect, it } from 'vitest';
-import { parseSiteConfig } from '../../src/contract/site-config.js';
 import { silentLogger } from '../../src/log.js';
 import { FleetMetrics } from '../../src/metrics/fleet-metrics.js';
 import { fleetDeps } from '../../src/pods/fleet-deps.js';
 import { createRedis } from '../../src/store/redis.js';
+import { siteWith } from './contract-fixtures.js';
 
-const config = parseSiteConfig({
-  Network: {
-    SSH: {
-      LoginHost: 'login.example.org',
-      User: 'hpc',
-      KeyFile: '/k',
-      KnownHostsFile: '/kh',
-      Reverse: { Enabled: true },
-    },
-  },
-});
+const config = siteWith();
 
 describe('fleet metrics', () => {
   it('counts per fleet member: two registries in one process count apart', async () => {
