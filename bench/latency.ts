@@ -6,7 +6,7 @@
  * servers are reached by a client running as the job user through:
  *   direct  loopback TCP to the server (no tunnel);
  *   (b)     OpenSSH `ssh -J bh-login -N -R <sock>:127.0.0.1:<port> bhjob@bhnode1`;
- *   (b+r)   (b) behind src/render/relay.py on the pod's 127.x.y.z address (what a workload dials);
+ *   (b+r)   (b) behind src/job/relay.py on the pod's 127.x.y.z address (what a workload dials);
  *   (c)     backhaul as the fleet runs it: the pod's job starts with the real prelude (socket dir, relay), a
  *           shadow in a tunnel thread opens the node carrier (login jump -> node sshd) and binds the forwards;
  *   (c+r)   (c) behind the prelude's relay;
@@ -340,7 +340,7 @@ async function main(): Promise<void> {
   const relayPath = join(work, 'relay.py');
   PEER = join(work, 'latency_peer.py');
   await copyFile(join(ROOT, 'bench', 'latency_peer.py'), PEER);
-  await copyFile(join(ROOT, 'src', 'render', 'relay.py'), relayPath);
+  await copyFile(join(ROOT, 'src', 'job', 'relay.py'), relayPath);
   chmodSync(PEER, 0o644);
   chmodSync(relayPath, 0o644);
 

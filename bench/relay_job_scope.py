@@ -6,7 +6,7 @@ one run, side by side: the uid lookup every connection pays (sock_diag by 4-tupl
 (/proc/<pid>/fd of the job's processes) when one process connects per request (the common case: a
 client without a pool) and when all 8 connect in turn (the worst order for its most-recent-first scan).
 
-Usage: python3 bench/relay_job_scope.py src/render/relay.py [--count 200]
+Usage: python3 bench/relay_job_scope.py src/job/relay.py [--count 200]
 """
 import argparse, importlib.util, json, os, socket, subprocess, sys, time
 

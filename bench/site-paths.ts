@@ -126,7 +126,7 @@ export async function openBackhaulForwards(
 }
 
 /**
- * The job-side relay (src/render/relay.py) in front of forwarded sockets, as the prelude and the fleet
+ * The job-side relay (src/job/relay.py) in front of forwarded sockets, as the prelude and the fleet
  * start it: the boot (relay-boot.py, next to RELAY) binds the pod's derived loopback address as the job
  * user (it passes only peers of its own uid), each forward on its own cluster port, and execs the relay
  * delivered into the socket dir. RELAY is a copy readable by the job user.
@@ -141,7 +141,7 @@ export async function startRelay(
   const address = bindAddress(uid);
   const ports = await Promise.all(forwards.map(() => freePort(address)));
   const boot = join(dirname(relay), 'relay-boot.py');
-  await copyFile(join(ROOT, 'src', 'render', 'relay-boot.py'), boot);
+  await copyFile(join(ROOT, 'src', 'job', 'relay-boot.py'), boot);
   chmodSync(boot, 0o644);
   await copyFile(relay, join(socketDir, 'relay.py'));
   chmodSync(join(socketDir, 'relay.py'), 0o644);

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 
 /**
- * ARCHITECTURE.md, "Derivations". The relay boot (src/render/relay-boot.py) implements the same functions; both are checked
+ * ARCHITECTURE.md, "Derivations". The relay boot (src/job/relay-boot.py) implements the same functions; both are checked
  * against test/vectors/derivations.json.
  */
 

@@ -1,5 +1,4 @@
-// biome-ignore-all lint/suspicious/noTemplateCurlyInString: these strings are shell code; ${...} is shell parameter expansion.
-import { shellQuote } from './shell-quote.js';
+import { renderJobFile } from './job-template.js';
 
 /** The file the relay boot writes into each job's socket dir: the job's SLURM_JOB_ID. */
 export const SLURM_JOB_FILE = 'slurm-job';
@@ -21,25 +20,8 @@ export interface EpilogSettings {
  * always exits 0 (a failing epilog drains the node).
  */
 export function renderEpilog(settings: EpilogSettings): string {
-  return [
-    '#!/bin/sh',
-    "# backhaul: removes the socket dir of the job that just ended if its prelude's trap did not run.",
-    '# Install as (or call from) slurm.conf Epilog= on the compute nodes.',
-    'PATH=/usr/sbin:/usr/bin:/sbin:/bin',
-    `user=${shellQuote(settings.user)}`,
-    `root=${shellQuote(settings.socketRoot)}`,
-    '[ "${SLURM_JOB_USER:-}" = "$user" ] || exit 0',
-    'case ${SLURM_JOB_ID:-} in "" | *[!0-9]*) exit 0 ;; esac',
-    '[ -d "$root" ] || exit 0',
-    'runuser -u "$user" -- /bin/sh -c \'',
-    'for d in "$1"/bh-*; do',
-    '  [ -d "$d" ] && [ ! -L "$d" ] && [ -O "$d" ] || continue',
-    `  j=$(cat "$d/${SLURM_JOB_FILE}" 2>/dev/null) || continue`,
-    '  [ "$j" = "$2" ] || continue',
-    '  rm -rf -- "$d" && echo "backhaul: removed $d (job $2 ended without its trap)"',
-    'done',
-    '\' sh "$root" "$SLURM_JOB_ID" || :',
-    'exit 0',
-    '',
-  ].join('\n');
+  return renderJobFile('epilog.sh', {
+    values: { USER: settings.user, SOCKET_ROOT: settings.socketRoot, JOB_FILE: SLURM_JOB_FILE },
+    keepComments: true,
+  });
 }

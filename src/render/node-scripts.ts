@@ -1,5 +1,5 @@
 import type { TunnelIsolation } from '../machines/pod-types.js';
-import { shellQuote } from './shell-quote.js';
+import { renderJobFile } from './job-template.js';
 
 /**
  * Small scripts the session host runs on the batch host over the carrier (fed to `/bin/sh -s`, as
@@ -17,37 +17,27 @@ export const PREPARE_DIR_UNSAFE = 12;
  * `StreamLocalBindUnlink no` a stale file makes the bind fail.
  */
 export function renderPrepareSockets(socketDir: string, socketPaths: readonly string[]): string {
-  const dir = shellQuote(socketDir);
-  return [
-    `if [ ! -d ${dir} ]; then exit ${PREPARE_DIR_MISSING}; fi`,
-    `if [ -L ${dir} ] || [ ! -O ${dir} ]; then echo 'socket dir is not owned by this user' >&2; exit ${PREPARE_DIR_UNSAFE}; fi`,
-    `rm -f -- ${socketPaths.map(shellQuote).join(' ')}`,
-    '',
-  ].join('\n');
+  return renderJobFile('prepare-sockets.sh', {
+    values: { DIR: socketDir, SOCKETS: socketPaths, DIR_MISSING: PREPARE_DIR_MISSING, DIR_UNSAFE: PREPARE_DIR_UNSAFE },
+  });
 }
 
 /**
  * `relay_alive`: whether a process of the relay's pids file answers `kill -0` (the user's own processes).
  * Without the file it answers `withoutFile`: the watch takes a prelude too old to write one for alive.
  */
-export function relayAliveFunction(pids: string, withoutFile: 'alive' | 'dead'): string[] {
-  return [
-    'relay_alive() {',
-    ...(withoutFile === 'alive' ? [`  [ -f ${pids} ] || return 0`] : []),
-    `  for p in $(cat ${pids} 2>/dev/null); do`,
-    '    case $p in *[!0-9]*) continue ;; esac',
-    '    if kill -0 "$p" 2>/dev/null; then return 0; fi',
-    '  done',
-    '  return 1',
-    '}',
-  ];
+export function relayAliveFunction(socketDir: string, withoutFile: 'alive' | 'dead'): string {
+  return renderJobFile('relay-alive.sh', {
+    values: { PIDS: `${socketDir}/${RELAY_PIDS_FILE}` },
+    flags: { ALIVE_WITHOUT_FILE: withoutFile === 'alive' },
+  });
 }
 
 /** Token the watch prints when the socket dir or a socket is gone. */
 export const WATCH_VANISHED = 'backhaul-vanished';
 /** Token the watch prints when every process of the job's relay is gone while its sockets remain. */
 export const WATCH_RELAY_DEAD = 'backhaul-relay-dead';
-/** Written by the relay (src/render/relay.py RELAY_PIDS_FILE): the pids of its holder and relaying process. */
+/** Written by the relay (src/job/relay.py RELAY_PIDS_FILE): the pids of its holder and relaying process. */
 export const RELAY_PIDS_FILE = 'relay.pids';
 /** The relay's stdout as the prelude keeps it (`ready <address per Service group>`). */
 export const RELAY_READY_FILE = 'relay.ready';
@@ -65,27 +55,23 @@ export const JOB_SHELL_PID_FILE = 'job-shell.pid';
  */
 export function renderSocketWatch(socketDir: string, socketPaths: readonly string[], intervalS: number): string {
   if (!Number.isInteger(intervalS) || intervalS < 1) throw new RangeError('intervalS must be a positive integer');
-  const dir = shellQuote(socketDir);
-  const pids = shellQuote(`${socketDir}/${RELAY_PIDS_FILE}`);
-  const checks = [`[ -d ${dir} ]`, ...socketPaths.map((p) => `[ -S ${shellQuote(p)} ]`)];
-  return [
-    ...relayAliveFunction(pids, 'alive'),
-    `while ${checks.join(' && ')}; do`,
-    '  if ! relay_alive; then',
-    '    sleep 2',
-    `    if [ -d ${dir} ] && ! relay_alive; then echo ${WATCH_RELAY_DEAD}; exit 0; fi`,
-    '  fi',
-    `  printf .`,
-    `  sleep ${intervalS}`,
-    'done',
-    `echo ${WATCH_VANISHED}`,
-    '',
-  ].join('\n');
+  return (
+    relayAliveFunction(socketDir, 'alive') +
+    renderJobFile('socket-watch.sh', {
+      values: {
+        DIR: socketDir,
+        SOCKETS: socketPaths,
+        INTERVAL_S: intervalS,
+        RELAY_DEAD: WATCH_RELAY_DEAD,
+        VANISHED: WATCH_VANISHED,
+      },
+    })
+  );
 }
 
 /** Removes sockets by path, whoever bound them (test fixtures and one-off carriers). */
 export function renderRemoveSockets(socketPaths: readonly string[]): string {
-  return `rm -f -- ${socketPaths.map(shellQuote).join(' ')}\n`;
+  return renderJobFile('remove-sockets.sh', { values: { SOCKETS: socketPaths } });
 }
 
 /**
@@ -97,7 +83,7 @@ export function renderSocketInodes(socketPaths: readonly string[]): string {
 }
 
 function socketInodeLines(socketPaths: readonly string[]): string {
-  return socketPaths.map((p) => `ls -di -- ${shellQuote(p)} 2>/dev/null\n`).join('');
+  return renderJobFile('socket-inodes.sh', { values: { SOCKETS: socketPaths } });
 }
 
 /** The line renderForwardsUp prints between the socket inodes and the relay's lines. */
@@ -110,7 +96,7 @@ const RELAY_PART = '--- relay';
  */
 export function renderForwardsUp(socketPaths: readonly string[], relaySocketDir: string | undefined): string {
   if (relaySocketDir === undefined) return renderSocketInodes(socketPaths);
-  return `${socketInodeLines(socketPaths)}echo '${RELAY_PART}'\n${renderRelayReady(relaySocketDir)}`;
+  return `${socketInodeLines(socketPaths)}${renderJobFile('forwards-up.sh', { values: { RELAY_PART } })}${renderRelayReady(relaySocketDir)}`;
 }
 
 /** renderForwardsUp's output: path → inode of each socket found, and the relay's lines (undefined: none). */
@@ -134,14 +120,7 @@ export function parseForwardsUp(
  * the line: it waits for it up to 3 s (the relay writes it once it listens, within milliseconds).
  */
 export function renderRelayReady(socketDir: string): string {
-  return [
-    `bh_f=${shellQuote(`${socketDir}/${RELAY_READY_FILE}`)}`,
-    'if sleep 0.01 2>/dev/null; then bh_t=0.1 bh_n=30; else bh_t=1 bh_n=3; fi',
-    `while [ "$bh_n" -gt 0 ] && ! grep -q '^ready ' "$bh_f" 2>/dev/null; do sleep "$bh_t"; bh_n=$((bh_n - 1)); done`,
-    'head -n 2 -- "$bh_f" 2>/dev/null',
-    'exit 0',
-    '',
-  ].join('\n');
+  return `${renderJobFile('relay-ready.sh', { values: { READY_FILE: `${socketDir}/${RELAY_READY_FILE}` } })}exit 0\n`;
 }
 
 /** At most one address per forward, and a pod has at most 64. */
@@ -189,46 +168,20 @@ export function parseSocketInodes(output: string, socketPaths: readonly string[]
  * removed the dir.
  */
 export function renderRemoveDeadJobDir(socketDir: string): string {
-  const dir = shellQuote(socketDir);
-  const pids = shellQuote(`${socketDir}/${RELAY_PIDS_FILE}`);
-  const shellPid = shellQuote(`${socketDir}/${JOB_SHELL_PID_FILE}`);
-  return [
-    `own_dir() { [ -d ${dir} ] && [ ! -L ${dir} ] && [ -O ${dir} ]; }`,
-    'own_dir || exit 0',
-    'shell_alive() {',
-    `  s=$(cat ${shellPid} 2>/dev/null) || return 1`,
-    '  case $s in "" | *[!0-9]*) return 1 ;; esac',
-    '  kill -0 "$s" 2>/dev/null',
-    '}',
-    ...relayAliveFunction(pids, 'dead'),
-    'tick() {',
-    '  sleep 0.1 2>/dev/null || { sleep 1; t=$((t + 9)); }',
-    '  t=$((t + 1))',
-    '}',
-    // A trap in flight removes the dir within milliseconds of the workload's exit: wait for it while the
-    // shell lives (or, without its pid, for 2 s), up to 2 s.
-    't=0',
-    `while [ -d ${dir} ] && [ "$t" -lt 20 ]; do`,
-    `  if [ -f ${shellPid} ] && ! shell_alive; then break; fi`,
-    '  tick',
-    'done',
-    'own_dir || exit 0',
-    // The shell lives on (a workload that ignores TERM): its trap is still to come.
-    'if shell_alive; then exit 0; fi',
-    // Gone, with its dir left: the trap did not run. Its relay follows it within half a second (it
-    // watches the shell); up to 1.5 s. Without the shell's pid, a live relay means the job is ending.
-    `if [ -f ${shellPid} ]; then`,
-    '  t=0',
-    '  while relay_alive && [ "$t" -lt 15 ]; do tick; done',
-    'fi',
-    'if relay_alive; then exit 0; fi',
-    `for s in ${dir}/*.sock; do`,
-    '  if [ -S "$s" ]; then exit 0; fi',
-    'done',
-    `rm -rf -- ${dir} && echo ${DEAD_JOB_DIR_REMOVED}`,
-    'exit 0',
-    '',
-  ].join('\n');
+  return `${removeDeadJobDir(socketDir)}exit 0\n`;
+}
+
+function removeDeadJobDir(socketDir: string): string {
+  return (
+    relayAliveFunction(socketDir, 'dead') +
+    renderJobFile('remove-dead-job-dir.sh', {
+      values: {
+        DIR: socketDir,
+        SHELL_PID_FILE: `${socketDir}/${JOB_SHELL_PID_FILE}`,
+        REMOVED: DEAD_JOB_DIR_REMOVED,
+      },
+    })
+  );
 }
 
 /** Printed by renderRemoveDeadJobDir when it removed the dir. */
@@ -242,11 +195,11 @@ export const DEAD_JOB_DIR_REMOVED = 'backhaul-dead-job-dir-removed';
  * (renderRemoveDeadJobDir).
  */
 export function renderRemoveOwnSockets(owned: ReadonlyMap<string, string>, deadJobDir?: string): string {
-  const lines = [...owned].map(([path, inode]) => {
+  const pairs = [...owned].flatMap(([path, inode]) => {
     if (!/^\d+$/.test(inode)) throw new RangeError(`not an inode number: ${inode}`);
-    const p = shellQuote(path);
-    return `i=$(ls -di -- ${p} 2>/dev/null) && [ "\${i%% *}" = ${inode} ] && rm -f -- ${p}`;
+    return [path, inode];
   });
   // Then, in the same exec, the dead job's dir: it must come after, since a socket left in it keeps it.
-  return `${[...lines, ...(deadJobDir === undefined ? [] : [renderRemoveDeadJobDir(deadJobDir)])].join('\n')}\nexit 0\n`;
+  const dead = deadJobDir === undefined ? '' : removeDeadJobDir(deadJobDir);
+  return `${renderJobFile('remove-own-sockets.sh', { values: { OWNED: pairs } })}${dead}exit 0\n`;
 }

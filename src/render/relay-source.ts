@@ -1,23 +1,12 @@
-import { readFileSync } from 'node:fs';
+import { jobFileText } from './job-template.js';
 
 /**
- * The job's Python, read from next to this module (the build copies both .py files into dist/render).
- * The relay is what the fleet delivers over the carrier; the boot is what every prelude carries.
+ * The job's Python (src/job; the build copies the folder into dist/job). The relay is what the fleet
+ * delivers over the carrier; the boot is what every prelude carries.
  */
-const cache = new Map<string, string>();
-
-function source(file: string): string {
-  let text = cache.get(file);
-  if (text === undefined) {
-    text = readFileSync(new URL(`./${file}`, import.meta.url), 'utf8');
-    cache.set(file, text);
-  }
-  return text;
-}
-
 /** The relay (relay.py) the session host writes into the job's socket dir (ARCHITECTURE.md, "The relay"). */
 export function relaySource(): string {
-  return source('relay.py');
+  return jobFileText('relay.py');
 }
 
 /** The hand-off the boot names in `relay.want` and the relay above takes: `serve … --listen=FD:SOCKET`. */
@@ -29,7 +18,7 @@ export const RELAY_HANDOFF = 'handoff 1';
  * (a test compares the syntax trees; the file keeps no multi-line strings, which this would change).
  */
 export function bootSource(): string {
-  return compactPython(source('relay-boot.py'));
+  return compactPython(jobFileText('relay-boot.py'));
 }
 
 const WORD = /[A-Za-z0-9_]/;

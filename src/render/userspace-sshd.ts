@@ -1,5 +1,6 @@
 import { InputError } from '../contract/input-error.js';
-import { isPlainWord, shellQuote } from './shell-quote.js';
+import { renderJobFile } from './job-template.js';
+import { isPlainWord } from './shell-quote.js';
 
 /**
  * The user-space sshd a carrier runs on the batch host (ARCHITECTURE.md, "Carriers and shadow sessions", modes userspace and srun), and
@@ -151,67 +152,29 @@ export function renderBootstrap(input: BootstrapInput): string {
   const config = renderSshdConfig(input);
   const paths = carrierPaths(input.socketDir);
   const E = BOOTSTRAP_EXIT;
-  return [
-    '#!/bin/sh',
-    "# backhaul carrier bootstrap: prepares a user-space sshd in the job's socket dir.",
-    'umask 077',
-    'bh_fail() {',
-    '  printf \'backhaul-bootstrap: %s\\n\' "$2" >&2',
-    '  exit "$1"',
-    '}',
-    `bh_dir=${shellQuote(input.socketDir)}`,
-    `bh_carrier=${shellQuote(paths.dir)}`,
-    `bh_key=${shellQuote(paths.hostKey)}`,
-    `bh_pub=${shellQuote(paths.hostPublicKey)}`,
-    `bh_auth=${shellQuote(paths.authorizedKeys)}`,
-    `bh_cfg=${shellQuote(paths.config)}`,
-    `bh_sshd=${shellQuote(input.sshdPath)}`,
-    `bh_keygen=${shellQuote(keygen)}`,
-    // The prelude made the dir 0700 for the job's user; anything else is not the job's dir.
-    'if [ ! -e "$bh_dir" ] && [ ! -L "$bh_dir" ]; then',
-    `  bh_fail ${E.dirMissing} "socket dir $bh_dir missing: job not started or prelude not run"`,
-    'fi',
-    'if [ -L "$bh_dir" ] || [ ! -d "$bh_dir" ]; then',
-    `  bh_fail ${E.dirNotDirectory} "socket dir $bh_dir is not a directory"`,
-    'fi',
-    'if [ ! -O "$bh_dir" ]; then',
-    `  bh_fail ${E.dirNotOwned} "socket dir $bh_dir is not owned by $(id -un)"`,
-    'fi',
-    'case $(ls -ld -- "$bh_dir") in',
-    '  drwx------*) ;;',
-    `  *) bh_fail ${E.dirBadMode} "socket dir $bh_dir does not have mode 0700" ;;`,
-    'esac',
-    'if [ -L "$bh_carrier" ]; then',
-    `  bh_fail ${E.carrierDir} "$bh_carrier is a symbolic link"`,
-    'fi',
-    'if [ ! -d "$bh_carrier" ] && ! mkdir -m 700 "$bh_carrier"; then',
-    `  bh_fail ${E.carrierDir} "cannot create $bh_carrier"`,
-    'fi',
-    'if ! chmod 700 "$bh_carrier"; then',
-    `  bh_fail ${E.carrierDir} "cannot make $bh_carrier private"`,
-    'fi',
-    // A fresh host key per attempt: the session host pins it for this one connection. ssh-keygen
-    // would ask before overwriting, so the old one goes first.
-    'rm -f -- "$bh_key" "$bh_pub"',
-    'if ! "$bh_keygen" -q -t ed25519 -N \'\' -C backhaul-carrier -f "$bh_key" </dev/null >/dev/null; then',
-    `  bh_fail ${E.hostKey} "cannot generate a host key with $bh_keygen"`,
-    'fi',
-    'if ! {',
-    `  printf '%s\\n' ${shellQuote(`restrict,port-forwarding ${key}`)} >"$bh_auth" &&`,
-    `  printf '%s' ${shellQuote(config)} >"$bh_cfg"`,
-    '}; then',
-    `  bh_fail ${E.writeFiles} "cannot write the files in $bh_carrier"`,
-    'fi',
-    'if ! "$bh_sshd" -t -f "$bh_cfg" </dev/null >&2; then',
-    `  bh_fail ${E.sshdConfig} "$bh_sshd refuses the configuration $bh_cfg"`,
-    'fi',
-    'if ! read -r bh_type bh_blob _ <"$bh_pub" || [ -z "$bh_blob" ]; then',
-    `  bh_fail ${E.hostKey} "cannot read the host key $bh_pub"`,
-    'fi',
-    `printf '${HOSTKEY_PREFIX} %s %s\\n' "$bh_type" "$bh_blob"`,
-    'exit 0',
-    '',
-  ].join('\n');
+  return renderJobFile('bootstrap.sh', {
+    values: {
+      DIR: input.socketDir,
+      CARRIER: paths.dir,
+      HOST_KEY: paths.hostKey,
+      HOST_PUBLIC_KEY: paths.hostPublicKey,
+      AUTHORIZED_KEYS: paths.authorizedKeys,
+      CONFIG_FILE: paths.config,
+      SSHD: input.sshdPath,
+      KEYGEN: keygen,
+      AUTHORIZED_LINE: `restrict,port-forwarding ${key}`,
+      SSHD_CONFIG: config,
+      HOSTKEY_PREFIX,
+      DIR_MISSING: E.dirMissing,
+      DIR_NOT_DIRECTORY: E.dirNotDirectory,
+      DIR_NOT_OWNED: E.dirNotOwned,
+      DIR_BAD_MODE: E.dirBadMode,
+      CARRIER_DIR: E.carrierDir,
+      HOST_KEY_FAILED: E.hostKey,
+      WRITE_FILES: E.writeFiles,
+      SSHD_CONFIG_REFUSED: E.sshdConfig,
+    },
+  });
 }
 
 /** Paths reach sshd_config unquoted (sshd would split them at blanks) and commands run by csh. */

@@ -11,7 +11,7 @@ import { ensureUser, JOB_USER, OTHER_USER, type TestUser } from '../../tools/san
  * id and user, not its name) removes the socket dir of the job that just ended when the prelude's trap
  * did not run. The boot's `prepare` records the job's id in the dir for it.
  */
-const BOOT = new URL('../../src/render/relay-boot.py', import.meta.url).pathname;
+const BOOT = new URL('../../src/job/relay-boot.py', import.meta.url).pathname;
 
 let base = '';
 let root = '';

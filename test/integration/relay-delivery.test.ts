@@ -11,7 +11,7 @@ import { relaySource } from '../../src/render/relay-source.js';
  * The script the session host runs in the job once its carrier is open (ShadowSession.deliverRelay), on
  * a socket dir of this machine: each outcome, from the files a boot (or an older prelude) leaves.
  */
-const BOOT = new URL('../../src/render/relay-boot.py', import.meta.url).pathname;
+const BOOT = new URL('../../src/job/relay-boot.py', import.meta.url).pathname;
 const FORWARDS = [
   { listenPort: 6379, dialHost: 'redis.user.svc.cluster.local', names: ['redis.user.svc.cluster.local', 'redis'] },
   { listenPort: 9000, dialHost: 'minio.s.svc.cluster.local', names: ['minio.s.svc.cluster.local'] },

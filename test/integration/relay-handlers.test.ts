@@ -4,13 +4,13 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 
 /**
- * The relay's connection handlers (`Handlers` in src/render/relay.py): a new connection's setup runs in
+ * The relay's connection handlers (`Handlers` in src/job/relay.py): a new connection's setup runs in
  * an idle thread when there is one (no thread started per connection), in a new one when every thread
  * is busy (a blocked setup delays no other connection), and idle threads end. Run in the real python3
  * against the module itself.
  */
 
-const RELAY = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../src/render/relay.py');
+const RELAY = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../src/job/relay.py');
 
 const SCRIPT = `
 import importlib.util, json, sys, threading, time

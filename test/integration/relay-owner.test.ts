@@ -6,7 +6,7 @@ import { PYTHON } from '../../tools/sandbox/shadow-harness.js';
 
 const execFileAsync = promisify(execFile);
 const PEER = fileURLToPath(new URL('../../bench/relay_owner_peer.py', import.meta.url));
-const RELAY = fileURLToPath(new URL('../../src/render/relay.py', import.meta.url));
+const RELAY = fileURLToPath(new URL('../../src/job/relay.py', import.meta.url));
 
 interface OwnerRun {
   sockets: number;

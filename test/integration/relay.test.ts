@@ -10,15 +10,15 @@ import { bindAddress } from '../../src/contract/derivations.js';
 import { ensureUser, JOB_USER, OTHER_USER, runAs, spawnAs, type TestUser } from '../../tools/sandbox/users.js';
 
 /**
- * The relay (src/render/relay.py) against real processes: real TCP listeners on loopback, real unix
+ * The relay (src/job/relay.py) against real processes: real TCP listeners on loopback, real unix
  * sockets, and real users (the suite runs as root; bhjob plays the Slurm job's user).
  */
 
 // The python3 on PATH may be a pyenv under /root that other users cannot run.
 const PYTHON = '/usr/bin/python3';
 const here = path.dirname(fileURLToPath(import.meta.url));
-const RELAY_SOURCE = path.resolve(here, '../../src/render/relay.py');
-const BOOT_SOURCE = path.resolve(here, '../../src/render/relay-boot.py');
+const RELAY_SOURCE = path.resolve(here, '../../src/job/relay.py');
+const BOOT_SOURCE = path.resolve(here, '../../src/job/relay-boot.py');
 const VECTORS = path.resolve(here, '../vectors/derivations.json');
 
 interface Vector {

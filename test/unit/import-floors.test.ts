@@ -123,6 +123,19 @@ describe('the import graph of src/', () => {
     expect(readers.map((file) => relative(SRC, file))).toEqual(['pods/clock.ts']);
   });
 
+  it('lists in ARCHITECTURE.md\'s map ("Directories") exactly the folders src/ has', () => {
+    const doc = readFileSync(new URL('../../docs/ARCHITECTURE.md', import.meta.url), 'utf8');
+    const start = doc.indexOf('### 2.1 Directories');
+    const table = doc.slice(start, doc.indexOf('\n### ', start + 1));
+    const mapped = [...new Set([...table.matchAll(/^\| `src\/([a-z-]+)\//gm)].map((m) => m[1] as string))].sort();
+    const folders = readdirSync(SRC, { withFileTypes: true })
+      .filter((entry) => entry.isDirectory())
+      .map((entry) => entry.name)
+      .sort();
+    expect(start).toBeGreaterThan(0);
+    expect(mapped).toEqual(folders);
+  });
+
   it('cites the design only as docs/ARCHITECTURE.md, by the names of sections that exist, never by number', () => {
     const doc = readFileSync(new URL('../../docs/ARCHITECTURE.md', import.meta.url), 'utf8');
     const sections = new Set([...doc.matchAll(/^#{2,3} \d+(?:\.\d+)? (.+)$/gm)].map((m) => (m[1] as string).trim()));

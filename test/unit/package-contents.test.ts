@@ -17,8 +17,8 @@ describe('the package', () => {
     const paths = pack.files.map((f) => f.path);
     expect(paths).toContain('bin/backhaul.js');
     expect(paths).toContain('dist/cli/main.js');
-    expect(paths).toContain('dist/render/relay.py');
-    expect(paths).toContain('dist/render/relay-boot.py');
+    expect(paths).toContain('dist/job/relay.py');
+    expect(paths).toContain('dist/job/relay-boot.py');
     expect(paths.some((p) => p.startsWith('redis/') && p.endsWith('.lua'))).toBe(true);
     const foreign = paths.filter((p) => /(^|\/)(sandbox|demo|tools|test|bench|scripts)(\/|$)/.test(p));
     expect(foreign).toEqual([]);

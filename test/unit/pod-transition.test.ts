@@ -75,7 +75,8 @@ function snapshotsOfEveryState(): Map<string, PodSnapshot> {
     const snapshot = queue.shift() as PodSnapshot;
     if (found.has(stateOf(snapshot))) continue;
     found.set(stateOf(snapshot), snapshot);
-    for (const event of events(snapshot.context.generation, (at += 1))) {
+    at += 1;
+    for (const event of events(snapshot.context.generation, at)) {
       const next = applyEvent(snapshot, event);
       if (next.changed) queue.push(next.snapshot);
     }

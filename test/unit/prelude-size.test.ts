@@ -29,7 +29,7 @@ describe('the pre-exec annotation (issue 28: ≤ 8 KiB for any pod)', () => {
     console.log(`largest prelude: ${bytes} bytes (${request.forwards.length} forwards + SOCKS)`);
     expect(request.forwards).toHaveLength(MAX_FORWARDS);
     expect(bytes).toBeLessThanOrEqual(MAX_PRELUDE_BYTES);
-    expect(text).toContain('KUBERNETES_SERVICE_HOST=kubernetes.default.svc');
+    expect(text).toContain("KUBERNETES_SERVICE_HOST='kubernetes.default.svc'");
   });
 
   it('is about 7 KiB for a one-Service pod (most of it the boot, the same in every pod)', () => {
@@ -51,7 +51,7 @@ describe('the pre-exec annotation (issue 28: ≤ 8 KiB for any pod)', () => {
       execFileSync('python3', ['-c', 'import ast,sys; print(ast.dump(ast.parse(sys.stdin.read())))'], {
         input: source,
       }).toString();
-    const file = new URL('../../src/render/relay-boot.py', import.meta.url);
+    const file = new URL('../../src/job/relay-boot.py', import.meta.url);
     expect(dump(bootSource())).toBe(dump(readFileSync(file, 'utf8')));
   });
 });

@@ -249,7 +249,7 @@ describe('user-space sshd', () => {
     expect(script).toContain(`'restrict,port-forwarding ${KEYS.ed25519.replace(/ test$/, '')}'`);
     expect(script).toContain(`bh_dir='${dir}'`);
     expect(script).toContain('"$bh_sshd" -t -f "$bh_cfg"');
-    expect(script).toContain("printf 'backhaul-hostkey %s %s\\n'");
+    expect(script).toContain('printf \'%s %s %s\\n\' \'backhaul-hostkey\' "$bh_type" "$bh_blob"');
     expect(script).toContain(`socket dir $bh_dir missing: job not started or prelude not run`);
     expect(new Set(Object.values(BOOTSTRAP_EXIT)).size).toBe(Object.values(BOOTSTRAP_EXIT).length);
   });

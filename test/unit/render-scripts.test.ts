@@ -288,8 +288,10 @@ describe('no value reaches the prelude unquoted', () => {
       forwards: request.forwards,
       relay: 'pass\n',
     });
-    expect(delivery).toContain(`"\${1}" 'redis.user.svc.cluster.local redis.user.svc redis.user redis'`);
-    expect(delivery).toContain(`"\${2}" 'pg.user.svc.cluster.local pg.user.svc pg.user pg'`);
+    // Group number, then that group's names: the script puts them on the group's address.
+    expect(delivery).toContain(
+      `set -- '1' 'redis.user.svc.cluster.local redis.user.svc redis.user redis' '2' 'pg.user.svc.cluster.local pg.user.svc pg.user pg'`,
+    );
   });
 
   it('refuses names that are not host names instead of quoting them into the hosts file', () => {

@@ -3,7 +3,7 @@ import { type CheckResult, fail, lastLines, pass } from './check-result.js';
 import type { DoctorContext } from './doctor-context.js';
 import { notFound, runScript } from './remote-run.js';
 
-/** The relay (src/render/relay.py) needs this much Python. */
+/** The relay (src/job/relay.py) needs this much Python. */
 export const MIN_PYTHON: readonly [number, number] = [3, 6];
 
 /** Check 8: PythonPath runs on the node and is Python 3.6 or later (the relay is plain Python 3). */

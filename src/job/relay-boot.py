@@ -77,7 +77,7 @@ def prepare(o):
     files = {"job-shell.pid": o["--shell"] + "\n", "hosts": open("/etc/hosts").read() if os.path.isfile("/etc/hosts") else "",
              "slurm-job": os.environ.get("SLURM_JOB_ID", "") + "\n"}  # for the site's epilog: backhaul render epilog
     if "B" in globals():  # ps shows the serve step as relay-boot.py, not as this text
-        files["relay-boot.py"] = B.decode()
+        files["relay-boot.py"] = globals()["B"].decode()  # B: set by the wrapper (render/prelude.ts UNPACK)
     for name, text in files.items():
         with open(d + "/" + name, "w") as out:
             out.write(text)
