@@ -6,12 +6,13 @@ export type DirectTcpipRefusal = 'prohibited' | 'connect-failed' | 'unknown';
 
 export class DirectTcpipError extends Error {
   override readonly name = 'DirectTcpipError';
+  /** `cause`: ssh2's error for the refused channel open. */
   constructor(
     readonly refusal: DirectTcpipRefusal,
     message: string,
-    options?: { cause?: unknown },
+    cause: unknown,
   ) {
-    super(message, options);
+    super(message, { cause });
   }
 }
 
@@ -31,7 +32,7 @@ export function openDirectTcpip(client: Client, host: string, port: number): Pro
       if (err) {
         const code = (err as Error & { reason?: unknown }).reason;
         const refusal = (typeof code === 'number' ? REASON[code] : undefined) ?? 'unknown';
-        reject(new DirectTcpipError(refusal, `${host}:${port}: ${err.message}`, { cause: err }));
+        reject(new DirectTcpipError(refusal, `${host}:${port}: ${err.message}`, err));
       } else resolve(stream as unknown as Duplex);
     });
   });

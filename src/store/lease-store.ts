@@ -61,10 +61,10 @@ export class LeaseStore {
 
   constructor(
     private readonly redis: Redis,
-    opts: LeaseStoreOptions = {},
+    { keys = new RedisKeys(), retainMs = 60_000 }: LeaseStoreOptions = {},
   ) {
-    this.keys = opts.keys ?? new RedisKeys();
-    this.retainMs = opts.retainMs ?? 60_000;
+    this.keys = keys;
+    this.retainMs = retainMs;
   }
 
   /**

@@ -154,13 +154,7 @@ export class SnapshotStore {
   async create(uid: string, write: PodWrite): Promise<CreateResult> {
     const reply = await script('pod-create').run(this.redis, this.casKeys(uid), [
       uid,
-      JSON.stringify(write.snapshot),
-      String(write.version),
-      write.state,
-      write.namespace,
-      write.name,
-      deadlineArg(write),
-      effectsArg(write),
+      ...recordArgs(write),
       write.createdBy === undefined ? '' : String(write.createdBy),
       reviewArg(write),
       this.historyMaxLen,
@@ -174,13 +168,7 @@ export class SnapshotStore {
     const reply = (await script('pod-cas').run(this.redis, this.casKeys(uid), [
       uid,
       expectedGen,
-      JSON.stringify(write.snapshot),
-      String(write.version),
-      write.state,
-      write.namespace,
-      write.name,
-      deadlineArg(write),
-      effectsArg(write),
+      ...recordArgs(write),
       reviewArg(write),
       this.historyMaxLen,
       write.plan ?? '',
@@ -398,6 +386,19 @@ function reviewArg(write: PodWrite): string {
   return write.reviewAfterMs === undefined || write.reviewAfterMs === null
     ? ''
     : String(Math.max(0, Math.round(write.reviewAfterMs)));
+}
+
+/** The record's fields as pod-create.lua and pod-cas.lua take them, in the same places of both. */
+function recordArgs(write: PodWrite): string[] {
+  return [
+    JSON.stringify(write.snapshot),
+    String(write.version),
+    write.state,
+    write.namespace,
+    write.name,
+    deadlineArg(write),
+    effectsArg(write),
+  ];
 }
 
 function deadlineArg(write: PodWrite): string {

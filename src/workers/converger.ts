@@ -1,14 +1,12 @@
 import type { FleetDeps } from '../pods/fleet-deps.js';
-import { DeadlineClock, type DeadlineClockOptions } from './deadline-clock.js';
-import { OutboxSweeper, type OutboxSweeperOptions } from './outbox-sweeper.js';
+import { DeadlineClock } from './deadline-clock.js';
+import { OutboxSweeper } from './outbox-sweeper.js';
 import { PeriodicTask } from './periodic-task.js';
 import { reap } from './reaper.js';
 
 export interface ConvergerOptions {
   /** How often the loop runs: a deadline is delivered at most this late (default 500 ms). */
   everyMs?: number;
-  deadlines?: DeadlineClockOptions;
-  outbox?: OutboxSweeperOptions;
   /** How often effects left by a dead worker are looked for (default 1 s). */
   outboxEveryMs?: number;
   /** How often the pods due for a look are repaired (default 5 s). */
@@ -40,8 +38,8 @@ export class Converger {
     private readonly deps: FleetDeps,
     opts: ConvergerOptions = {},
   ) {
-    this.deadlines = new DeadlineClock(deps, opts.deadlines);
-    this.outbox = new OutboxSweeper(deps, opts.outbox);
+    this.deadlines = new DeadlineClock(deps);
+    this.outbox = new OutboxSweeper(deps);
     this.outboxEveryMs = opts.outboxEveryMs ?? 1_000;
     this.reapEveryMs = opts.reapEveryMs ?? 5_000;
     this.task = new PeriodicTask('convergence', opts.everyMs ?? 500, () => this.pass(), deps.log);

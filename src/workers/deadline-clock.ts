@@ -2,11 +2,6 @@ import type { FleetDeps } from '../pods/fleet-deps.js';
 import { loadPodRecords } from '../pods/pod-reader.js';
 import { sendEvent } from '../pods/queues.js';
 
-export interface DeadlineClockOptions {
-  /** A claimed deadline not answered by a new state (its event lost) is delivered again this much later. */
-  claimMs?: number;
-}
-
 /**
  * Delivers due deadlines. The store indexes each pod's `context.deadline` in the compare-and-set that
  * stores its state (redis/pod-cas.lua), so the deadline of a stored state is never lost and one that
@@ -17,14 +12,11 @@ export interface DeadlineClockOptions {
  * almost never fire): without them the control plane ran 1,268 → 1,656 transitions/s (bench:control).
  */
 export class DeadlineClock {
-  private readonly claimMs: number;
-
+  /** `claimMs`: a claimed deadline not answered by a new state (its event lost) is delivered again this much later. */
   constructor(
     private readonly deps: FleetDeps,
-    opts: DeadlineClockOptions = {},
-  ) {
-    this.claimMs = opts.claimMs ?? 10_000;
-  }
+    private readonly claimMs = 10_000,
+  ) {}
 
   /** One poll: sends the DEADLINE of every pod whose deadline is due; returns how many were sent. */
   async tick(): Promise<number> {

@@ -2,11 +2,6 @@ import { podActionsSchema } from '../machines/pod-machine.js';
 import type { FleetDeps } from '../pods/fleet-deps.js';
 import { runEffects } from './effects.js';
 
-export interface OutboxSweeperOptions {
-  /** Effects not cleared this long after they were written were left by a worker that died. */
-  ageMs?: number;
-}
-
 /**
  * Runs the effects a control worker stored with a state but did not live to run. Every transition
  * writes its effects into the pod's record in the same compare-and-set as the state (an outbox), and the
@@ -15,14 +10,11 @@ export interface OutboxSweeperOptions {
  * control worker each) and runs their effects again, which every effect tolerates.
  */
 export class OutboxSweeper {
-  private readonly ageMs: number;
-
+  /** `ageMs`: effects not cleared this long after they were written were left by a worker that died. */
   constructor(
     private readonly deps: FleetDeps,
-    opts: OutboxSweeperOptions = {},
-  ) {
-    this.ageMs = opts.ageMs ?? 5_000;
-  }
+    private readonly ageMs = 5_000,
+  ) {}
 
   /** One sweep: runs the left effects of every claimed pod; returns how many pods had some. */
   async sweep(): Promise<number> {

@@ -205,8 +205,8 @@ describe('outbox: effects stored with the state that asked for them', () => {
     const { podUid } = await launching();
     // The worker "died" here: the state is stored, its launch step was never queued.
     expect(await deps.queues.steps.getJob(launchOf(podUid))).toBeUndefined();
-    const a = new OutboxSweeper(deps, { ageMs: 300 });
-    const b = new OutboxSweeper(deps, { ageMs: 300 });
+    const a = new OutboxSweeper(deps, 300);
+    const b = new OutboxSweeper(deps, 300);
     expect(await a.sweep()).toBe(0); // too fresh: its writer may still be running them
     await new Promise((r) => setTimeout(r, 400));
     expect((await Promise.all([a.sweep(), b.sweep()])).sort()).toEqual([0, 1]);

@@ -45,8 +45,8 @@ describe('deadline index and clock', () => {
     expect(result).toMatchObject({ kind: 'applied', to: 'launchingShadow' });
     expect(Number(await redis.redis.zscore(deps.keys.deadlines(), podUid))).toBe(past + 2_000);
 
-    const a = new DeadlineClock(deps, { claimMs: 1_500 });
-    const b = new DeadlineClock(deps, { claimMs: 1_500 });
+    const a = new DeadlineClock(deps, 1_500);
+    const b = new DeadlineClock(deps, 1_500);
     const sent = await Promise.all([a.tick(), b.tick()]);
     expect(sent.sort()).toEqual([0, 1]);
     const events = (await deps.queues.events.waiting(podUid)).map((e) => JSON.parse(e.event) as PodEvent);

@@ -1,11 +1,9 @@
 import type { Client, ClientChannel } from 'ssh2';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseSiteConfig } from '../../src/contract/site-config.js';
-import { openDirectTcpip } from '../../src/ssh/direct-tcpip.js';
-import { verifyHostKey } from '../../src/ssh/known-hosts.js';
 import { openSiteAccess, type SiteAccess } from '../../src/ssh/site-access.js';
-import { connectSsh } from '../../src/ssh/ssh-connect.js';
 import { type LoopbackSite, startLoopbackSite } from '../../tools/sandbox/loopback-site.js';
+import { connectNodeThroughLogin } from '../../tools/sandbox/node-hop.js';
 
 /**
  * Keepalives as OpenSSH's ServerAliveInterval sends them (patches/ssh2+1.17.0.patch): only after an
@@ -33,20 +31,7 @@ afterAll(async () => {
 });
 
 async function nodeConnection(): Promise<{ login: Client; node: Client; errors: Error[] }> {
-  const { client: login } = await connectSsh(access.login);
-  const jump = await openDirectTcpip(login, site.nodeHost, site.nodePort);
-  const { client: node } = await connectSsh({
-    label: `node sshd ${site.nodeHost}:${site.nodePort}`,
-    hop: 'node',
-    host: site.nodeHost,
-    port: site.nodePort,
-    username: access.carrier.user,
-    privateKey: access.carrier.privateKey,
-    sock: jump,
-    keepaliveIntervalMs: INTERVAL_MS,
-    keepaliveCountMax: 3,
-    verifyHostKey: (key) => verifyHostKey(access.carrier.knownHosts, site.nodeHost, site.nodePort, key),
-  });
+  const { login, node } = await connectNodeThroughLogin(site, access, { intervalMs: INTERVAL_MS, countMax: 3 });
   const errors: Error[] = [];
   node.on('error', (err: Error) => errors.push(err));
   return { login, node, errors };

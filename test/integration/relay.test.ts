@@ -121,6 +121,19 @@ async function makeSocketDir(owner?: TestUser): Promise<string> {
   return dir;
 }
 
+/** A fresh loopback address, socket dir (of OWNER) and free port: the ground of a one-forward relay. */
+async function oneForward(owner?: TestUser): Promise<{ address: string; dir: string; port: number }> {
+  const address = randomLoopback();
+  const dir = await makeSocketDir(owner);
+  const [port] = (await freePorts(address, 1)) as [number];
+  return { address, dir, port };
+}
+
+/** The relay's arguments for that one forward. */
+function forwardArgs(uid: string, f: { address: string; dir: string; port: number }): string[] {
+  return ['--uid', uid, '--bind', f.address, '--socket-dir', f.dir, '--forward', String(f.port)];
+}
+
 interface Relay {
   child: ChildProcess;
   stdout: () => string;
@@ -541,20 +554,9 @@ describe('relay.py serve', () => {
   });
 
   it('copies 100 MB each way byte for byte', async () => {
-    const address = randomLoopback();
-    const dir = await makeSocketDir();
-    const [port] = (await freePorts(address, 1)) as [number];
+    const { address, dir, port } = await oneForward();
     const total = 100 * 1024 * 1024;
-    const relay = await startRelay([
-      '--uid',
-      'bulk',
-      '--bind',
-      address,
-      '--socket-dir',
-      dir,
-      '--forward',
-      String(port),
-    ]);
+    const relay = await startRelay(forwardArgs('bulk', { address, dir, port }));
     await relay.ready;
 
     const result = await bulkBothWays(address, port, path.join(dir, `${port}.sock`), total);
@@ -590,9 +592,7 @@ describe('relay.py serve', () => {
   it('holds what a stalled reader cannot take yet and passes it on whole once it reads again', async () => {
     // The unix side reads nothing for a second: the relay's sends fill its buffer and come back
     // short, the rest waits (registered for writing), and the client's side is no longer read.
-    const address = randomLoopback();
-    const dir = await makeSocketDir();
-    const [port] = (await freePorts(address, 1)) as [number];
+    const { address, dir, port } = await oneForward();
     const total = 16 * 1024 * 1024;
     let received: Promise<{ sha256: string; bytes: number }> | undefined;
     await unixServer(path.join(dir, `${port}.sock`), (socket) => {
@@ -604,16 +604,7 @@ describe('relay.py serve', () => {
         }, 1_000);
       });
     });
-    const relay = await startRelay([
-      '--uid',
-      'stalled',
-      '--bind',
-      address,
-      '--socket-dir',
-      dir,
-      '--forward',
-      String(port),
-    ]);
+    const relay = await startRelay(forwardArgs('stalled', { address, dir, port }));
     await relay.ready;
     const client = net.connect({ host: address, port, allowHalfOpen: true });
     sockets.add(client);
@@ -633,9 +624,7 @@ describe('relay.py serve', () => {
   });
 
   it('delivers the whole answer after the client half-closes', async () => {
-    const address = randomLoopback();
-    const dir = await makeSocketDir();
-    const [port] = (await freePorts(address, 1)) as [number];
+    const { address, dir, port } = await oneForward();
     const request = randomBytes(3 * 1024 * 1024);
     const answerBody = randomBytes(2 * 1024 * 1024);
     await unixServer(path.join(dir, `${port}.sock`), (socket) => {
@@ -647,16 +636,7 @@ describe('relay.py serve', () => {
         socket.end(Buffer.concat([digest, answerBody]));
       });
     });
-    const relay = await startRelay([
-      '--uid',
-      'halfclose',
-      '--bind',
-      address,
-      '--socket-dir',
-      dir,
-      '--forward',
-      String(port),
-    ]);
+    const relay = await startRelay(forwardArgs('halfclose', { address, dir, port }));
     await relay.ready;
 
     const result = await exchange(address, port, request);
@@ -668,16 +648,11 @@ describe('relay.py serve', () => {
   });
 
   it("refuses other users over IPv4 and lets the job's user through", async () => {
-    const address = randomLoopback();
-    const dir = await makeSocketDir(job);
-    const [port] = (await freePorts(address, 1)) as [number];
+    const { address, dir, port } = await oneForward(job);
     const unix = await unixServer(path.join(dir, `${port}.sock`), echo, job);
-    const relay = await startRelay(
-      ['--uid', 'owner-v4', '--bind', address, '--socket-dir', dir, '--forward', String(port)],
-      {
-        user: job,
-      },
-    );
+    const relay = await startRelay(forwardArgs('owner-v4', { address, dir, port }), {
+      user: job,
+    });
     expect(await relay.ready).toBe(`ready ${address}`);
 
     // root (this process) is not the job's user
@@ -722,12 +697,9 @@ describe('relay.py serve', () => {
     const dir = await makeSocketDir(job);
     const [port] = (await freePorts(address, 1)) as [number];
     const unix = await unixServer(path.join(dir, `${port}.sock`), echo, job);
-    const relay = await startRelay(
-      ['--uid', 'owner-v6', '--bind', address, '--socket-dir', dir, '--forward', String(port)],
-      {
-        user: job,
-      },
-    );
+    const relay = await startRelay(forwardArgs('owner-v6', { address, dir, port }), {
+      user: job,
+    });
     await relay.ready;
 
     // The sandbox's network stack has been seen to drop an IPv4-mapped SYN now and then: a connection
@@ -756,19 +728,8 @@ describe('relay.py serve', () => {
   });
 
   it('closes the client at once while the unix socket is missing, and recovers', async () => {
-    const address = randomLoopback();
-    const dir = await makeSocketDir();
-    const [port] = (await freePorts(address, 1)) as [number];
-    const relay = await startRelay([
-      '--uid',
-      'missing',
-      '--bind',
-      address,
-      '--socket-dir',
-      dir,
-      '--forward',
-      String(port),
-    ]);
+    const { address, dir, port } = await oneForward();
+    const relay = await startRelay(forwardArgs('missing', { address, dir, port }));
     await relay.ready;
 
     const missing = await exchange(address, port, 'anyone there?', { end: false });
@@ -783,9 +744,7 @@ describe('relay.py serve', () => {
   });
 
   it('boot: holds the address and closes connections until the relay is delivered, then becomes it (one pid)', async () => {
-    const address = randomLoopback();
-    const dir = await makeSocketDir();
-    const [port] = (await freePorts(address, 1)) as [number];
+    const { address, dir, port } = await oneForward();
     await unixServer(path.join(dir, `${port}.sock`), echo);
     // No relay.py in the dir: the boot alone, as a job is before the fleet reaches it.
     const boot = watch(
@@ -841,19 +800,8 @@ describe('relay.py serve', () => {
   });
 
   it('exits when the socket dir is removed', async () => {
-    const address = randomLoopback();
-    const dir = await makeSocketDir();
-    const [port] = (await freePorts(address, 1)) as [number];
-    const relay = await startRelay([
-      '--uid',
-      'dirgone',
-      '--bind',
-      address,
-      '--socket-dir',
-      dir,
-      '--forward',
-      String(port),
-    ]);
+    const { address, dir, port } = await oneForward();
+    const relay = await startRelay(forwardArgs('dirgone', { address, dir, port }));
     await relay.ready;
     expect(await probe(address, port)).toBe('connected');
 
@@ -866,9 +814,7 @@ describe('relay.py serve', () => {
   });
 
   it('exits when its parent process dies', async () => {
-    const address = randomLoopback();
-    const dir = await makeSocketDir();
-    const [port] = (await freePorts(address, 1)) as [number];
+    const { address, dir, port } = await oneForward();
     await copyFile(RELAY_SOURCE, path.join(dir, 'relay.py'));
     const command = `${PYTHON} -I ${bootPath} serve --foreground --uid=parent --bind=${address} --socket-dir=${dir} --forward=${port} & echo "pid $!"; wait`;
     const shell = watch(spawn('sh', ['-c', command], { stdio: ['ignore', 'pipe', 'pipe'] }));
@@ -889,19 +835,8 @@ describe('relay.py serve', () => {
   });
 
   it('exits 0 on SIGTERM', async () => {
-    const address = randomLoopback();
-    const dir = await makeSocketDir();
-    const [port] = (await freePorts(address, 1)) as [number];
-    const relay = await startRelay([
-      '--uid',
-      'term',
-      '--bind',
-      address,
-      '--socket-dir',
-      dir,
-      '--forward',
-      String(port),
-    ]);
+    const { address, dir, port } = await oneForward();
+    const relay = await startRelay(forwardArgs('term', { address, dir, port }));
     await relay.ready;
     const signalled = Date.now();
     relay.child.kill('SIGTERM');
@@ -971,9 +906,7 @@ describe('relay.py serve', () => {
   });
 
   it('survives clients that reset mid-stream', async () => {
-    const address = randomLoopback();
-    const dir = await makeSocketDir();
-    const [port] = (await freePorts(address, 1)) as [number];
+    const { address, dir, port } = await oneForward();
     let served = 0;
     await unixServer(path.join(dir, `${port}.sock`), (socket) => {
       served += 1;
@@ -992,16 +925,7 @@ describe('relay.py serve', () => {
       });
       socket.on('end', () => socket.end());
     });
-    const relay = await startRelay([
-      '--uid',
-      'reset',
-      '--bind',
-      address,
-      '--socket-dir',
-      dir,
-      '--forward',
-      String(port),
-    ]);
+    const relay = await startRelay(forwardArgs('reset', { address, dir, port }));
     await relay.ready;
 
     for (let round = 0; round < 5; round++) {

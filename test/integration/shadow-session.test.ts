@@ -1,5 +1,5 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
-import { readFile, rm, stat } from 'node:fs/promises';
+import { readFile, stat } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatAddresses } from '../../src/cli/status-format.js';
 import { bindAddress } from '../../src/contract/derivations.js';
 import {
+  carrierGone,
   echoServer,
   exists,
   type Harness,
@@ -16,6 +17,7 @@ import {
   planFor,
   preludeV1JobScript,
   startSession,
+  stopHarness,
   trapLessJobScript,
   uid,
   userProcesses,
@@ -23,15 +25,7 @@ import {
   waitForForwards,
   workload,
 } from '../../tools/sandbox/shadow-harness.js';
-import {
-  cancelSubmittedJobs,
-  jobState,
-  killJobProcesses,
-  sbatch,
-  scancel,
-  stepsOf,
-  waitForState,
-} from '../../tools/sandbox/slurm.js';
+import { jobState, killJobProcesses, sbatch, scancel, stepsOf, waitForState } from '../../tools/sandbox/slurm.js';
 
 describe.each([
   ['node', {}],
@@ -47,11 +41,8 @@ describe.each([
   });
 
   afterAll(async () => {
-    await cancelSubmittedJobs();
-    h?.access.pool.close();
     echo?.server.close();
-    await h?.site.stop();
-    if (h) await rm(h.workdir, { recursive: true, force: true });
+    await stopHarness(h);
   });
 
   it('establishes the forwards and carries 100 MiB both ways byte-identical for a client in the job', async () => {
@@ -305,17 +296,7 @@ describe.each([
     for (const f of plan.forwards) expect(await exists(f.socketPath)).toBe(false);
     // The job goes on; only the carrier is gone.
     expect((await jobState(jobId)).state).toBe('RUNNING');
-    await waitFor(
-      'no carrier steps',
-      async () => ((await stepsOf(jobId)).filter((s) => !/\.(batch|extern)$/.test(s)).length === 0 ? true : undefined),
-      10_000,
-    );
-    await waitFor(
-      'no user-space sshd',
-      async () =>
-        (await userProcesses(h.site.user.name, `${plan.socketDir}/carrier`)).length === 0 ? true : undefined,
-      10_000,
-    );
+    await carrierGone(h, plan, jobId);
     await scancel(jobId);
   }, 120_000);
 });
@@ -330,11 +311,8 @@ describe('shadow session when the job relay dies', () => {
   });
 
   afterAll(async () => {
-    await cancelSubmittedJobs();
-    h?.access.pool.close();
     echo?.server.close();
-    await h?.site.stop();
-    if (h) await rm(h.workdir, { recursive: true, force: true });
+    await stopHarness(h);
   });
 
   it('fails the session as relay-dead (permanent) when every relay process is killed, and removes its sockets', async () => {

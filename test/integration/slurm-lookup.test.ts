@@ -1,11 +1,10 @@
-import { rm } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FleetMetrics } from '../../src/metrics/fleet-metrics.js';
 import { dataPlane } from '../../src/ssh/data-plane-meter.js';
 import type { LoginLease } from '../../src/ssh/login-pool.js';
 import { findPodJob, jobLookup } from '../../src/ssh/slurm-queries.js';
-import { type Harness, harness, uid } from '../../tools/sandbox/shadow-harness.js';
-import { cancelSubmittedJobs, sbatch, waitForState } from '../../tools/sandbox/slurm.js';
+import { type Harness, harness, stopHarness, uid } from '../../tools/sandbox/shadow-harness.js';
+import { sbatch, waitForState } from '../../tools/sandbox/slurm.js';
 
 /**
  * Pods' jobs are found with one squeue per login connection and user for all the lookups asked at once
@@ -31,11 +30,8 @@ describe('Slurm job lookup through the login node', () => {
   }, 60_000);
 
   afterAll(async () => {
-    await cancelSubmittedJobs();
     login?.release();
-    h?.access.pool.close();
-    await h?.site.stop();
-    if (h) await rm(h.workdir, { recursive: true, force: true });
+    await stopHarness(h);
   });
 
   it('answers 20 lookups asked at once (3 jobs, 17 unknown names, repeats) with 2 squeue commands', async () => {

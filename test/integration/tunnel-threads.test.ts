@@ -1,4 +1,4 @@
-import { readFile, rm, stat } from 'node:fs/promises';
+import { readFile, stat } from 'node:fs/promises';
 import type { Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -7,6 +7,7 @@ import { dialRulesOf } from '../../src/ssh/endpoint-dial.js';
 import type { ShadowEnd, ShadowPhase } from '../../src/ssh/shadow-session.js';
 import { TunnelThreads } from '../../src/ssh/tunnel-threads.js';
 import {
+  carrierGone,
   echoServer,
   exists,
   type Harness,
@@ -14,12 +15,12 @@ import {
   jobScript,
   MiB,
   planFor,
+  stopHarness,
   uid,
-  userProcesses,
   waitFor,
   workload,
 } from '../../tools/sandbox/shadow-harness.js';
-import { cancelSubmittedJobs, jobState, sbatch, scancel, stepsOf, waitForState } from '../../tools/sandbox/slurm.js';
+import { jobState, sbatch, scancel, waitForState } from '../../tools/sandbox/slurm.js';
 
 /**
  * Shadows in tunnel threads (src/ssh/tunnel-threads.ts): a worker thread runs the carrier and the
@@ -54,12 +55,9 @@ describe.each([
   });
 
   afterAll(async () => {
-    await cancelSubmittedJobs();
     await threads?.close();
-    h?.access.pool.close();
     echo?.server.close();
-    await h?.site.stop();
-    if (h) await rm(h.workdir, { recursive: true, force: true });
+    await stopHarness(h);
   });
 
   function start(plan: ReturnType<typeof planFor>) {
@@ -168,17 +166,7 @@ describe.each([
     expect(await ended).toEqual({ type: 'CLOSED', reason: 'operator' });
     for (const f of plan.forwards) expect(await exists(f.socketPath)).toBe(false);
     expect((await jobState(jobId)).state).toBe('RUNNING');
-    await waitFor(
-      'no carrier steps',
-      async () => ((await stepsOf(jobId)).filter((s) => !/\.(batch|extern)$/.test(s)).length === 0 ? true : undefined),
-      10_000,
-    );
-    await waitFor(
-      'no user-space sshd',
-      async () =>
-        (await userProcesses(h.site.user.name, `${plan.socketDir}/carrier`)).length === 0 ? true : undefined,
-      10_000,
-    );
+    await carrierGone(h, plan, jobId);
     expect(threads.loads.reduce((a, b) => a + b, 0)).toBe(0);
     await waitFor('login lease given back', () => (threads.loginLeases === 0 ? true : undefined), 5_000);
     await scancel(jobId);

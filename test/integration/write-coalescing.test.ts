@@ -3,12 +3,11 @@ import type { Duplex } from 'node:stream';
 import type { Client, ClientChannel } from 'ssh2';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseSiteConfig } from '../../src/contract/site-config.js';
-import { openDirectTcpip } from '../../src/ssh/direct-tcpip.js';
-import { verifyHostKey } from '../../src/ssh/known-hosts.js';
 import { openSiteAccess, type SiteAccess } from '../../src/ssh/site-access.js';
-import { connectSsh, tcpSocketOf } from '../../src/ssh/ssh-connect.js';
+import { tcpSocketOf } from '../../src/ssh/ssh-connect.js';
 import { isCoalesced } from '../../src/ssh/write-coalescing.js';
 import { type LoopbackSite, startLoopbackSite } from '../../tools/sandbox/loopback-site.js';
+import { connectNodeThroughLogin } from '../../tools/sandbox/node-hop.js';
 
 /**
  * What a node carrier writes in one turn of the event loop reaches the login socket as one write
@@ -41,18 +40,8 @@ interface Jumped {
 }
 
 async function jumpToNode(): Promise<Jumped> {
-  const { client: login } = await connectSsh(access.login);
-  const jump = await openDirectTcpip(login, site.nodeHost, site.nodePort);
-  const { client: node } = await connectSsh({
-    label: `node sshd ${site.nodeHost}:${site.nodePort}`,
-    hop: 'node',
-    host: site.nodeHost,
-    port: site.nodePort,
-    username: access.carrier.user,
-    privateKey: access.carrier.privateKey,
-    sock: jump,
-    keepaliveIntervalMs: access.carrier.keepaliveIntervalMs,
-    verifyHostKey: (key) => verifyHostKey(access.carrier.knownHosts, site.nodeHost, site.nodePort, key),
+  const { login, jump, node } = await connectNodeThroughLogin(site, access, {
+    intervalMs: access.carrier.keepaliveIntervalMs,
   });
   return {
     login,

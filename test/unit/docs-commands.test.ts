@@ -3,6 +3,7 @@ import { join, relative } from 'node:path';
 import type { Command } from 'commander';
 import { describe, expect, it } from 'vitest';
 import { buildProgram } from '../../src/cli/main.js';
+import { sourceFiles } from '../fixtures/source-files.js';
 
 /**
  * Every `backhaul` command a reader is told to run in README.md and docs/OPERATING.md: it parses with the
@@ -72,12 +73,6 @@ async function parse(argv: string[]): Promise<Parsed> {
   await program.parseAsync(argv, { from: 'user' });
   if (!parsed) throw new Error(`no command ran for ${argv.join(' ')}`);
   return parsed;
-}
-
-function sourceFiles(dir: string): string[] {
-  return readdirSync(dir, { withFileTypes: true }).flatMap((e) =>
-    e.isDirectory() ? sourceFiles(join(dir, e.name)) : e.name.endsWith('.ts') ? [join(dir, e.name)] : [],
-  );
 }
 
 const sources = [...sourceFiles(join(ROOT, 'test')), ...sourceFiles(join(ROOT, 'tools'))]

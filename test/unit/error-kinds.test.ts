@@ -1,20 +1,12 @@
-import { readdirSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { ERROR_KIND_NAMES, ERROR_KINDS, isSiteWide, podError } from '../../src/machines/error-kinds.js';
 import { SESSION_ERROR_KINDS, SessionError } from '../../src/ssh/session-error.js';
+import { sourceFiles } from '../fixtures/source-files.js';
 
 /** One vocabulary of errors (issue 29): every kind in one table with its class, read by everything else. */
 const SRC = fileURLToPath(new URL('../../src/', import.meta.url));
-
-function sourceFiles(dir: string): string[] {
-  return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
-    const path = join(dir, entry.name);
-    if (entry.isDirectory()) return sourceFiles(path);
-    return entry.name.endsWith('.ts') ? [path] : [];
-  });
-}
 
 describe('the error kinds', () => {
   it('classifies every kind as permanent, site-wide or transient', () => {

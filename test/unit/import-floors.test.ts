@@ -2,6 +2,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { dirname, join, normalize, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import { sourceFiles } from '../fixtures/source-files.js';
 
 /**
  * The floors of src/ (docs/ARCHITECTURE.md, "What may import what"), bottom first. A file may import its own directory and
@@ -19,14 +20,6 @@ const FLOORS: readonly (readonly string[])[] = [
 ];
 
 const SRC = fileURLToPath(new URL('../../src/', import.meta.url));
-
-function sourceFiles(dir: string): string[] {
-  return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
-    const path = join(dir, entry.name);
-    if (entry.isDirectory()) return sourceFiles(path);
-    return entry.name.endsWith('.ts') ? [path] : [];
-  });
-}
 
 /** Every relative module a file names: `import … from`, `export … from`, `import()`, type-only included. */
 function importsOf(file: string): string[] {

@@ -106,6 +106,18 @@ function report(snapshot: PodSnapshot, type: SessionReport['type'] | 'DEADLINE',
   }
 }
 
+/** The ordinary way through the chart: each state, and the event that leads into it. */
+const ORDINARY_PATH: readonly [PodStateName, (snapshot: PodSnapshot, at: number) => PodEvent][] = [
+  ['rendering', (_, at) => ({ type: 'STEP_DONE', at, step: 'validate' })],
+  ['launchingShadow', (_, at) => ({ type: 'STEP_DONE', at, step: 'render' })],
+  ['waitingBatchHost', (snapshot, at) => report(snapshot, 'SHADOW_UP', at)],
+  ['openingCarrier', (snapshot, at) => report(snapshot, 'BATCH_HOST', at)],
+  ['establishingForwards', (snapshot, at) => report(snapshot, 'CARRIER_OPEN', at)],
+  ['active', (snapshot, at) => report(snapshot, 'FORWARDS_READY', at)],
+  ['tearingDown', (snapshot, at) => report(snapshot, 'JOB_ENDED', at)],
+  ['done', (snapshot, at) => ({ type: 'STEP_DONE', at, step: 'teardown', generation: snapshot.context.generation })],
+];
+
 /** Drives a fresh pod into `target` the ordinary way; `at` advances one ms per event. */
 function reach(target: PodStateName, input: PodInput = INPUT): PodSnapshot {
   let { snapshot } = startPod(input, T0);
@@ -121,45 +133,9 @@ function reach(target: PodStateName, input: PodInput = INPUT): PodSnapshot {
     expect(stateOf(snapshot)).toBe('failed');
     return snapshot;
   }
-  const order: PodStateName[] = [
-    'rendering',
-    'launchingShadow',
-    'waitingBatchHost',
-    'openingCarrier',
-    'establishingForwards',
-    'active',
-    'tearingDown',
-    'done',
-  ];
-  for (const next of order) {
+  for (const [next, event] of ORDINARY_PATH) {
     if (path.at(-1) === target) break;
-    const now = ++at;
-    switch (next) {
-      case 'rendering':
-        go({ type: 'STEP_DONE', at: now, step: 'validate' });
-        break;
-      case 'launchingShadow':
-        go({ type: 'STEP_DONE', at: now, step: 'render' });
-        break;
-      case 'waitingBatchHost':
-        go(report(snapshot, 'SHADOW_UP', now));
-        break;
-      case 'openingCarrier':
-        go(report(snapshot, 'BATCH_HOST', now));
-        break;
-      case 'establishingForwards':
-        go(report(snapshot, 'CARRIER_OPEN', now));
-        break;
-      case 'active':
-        go(report(snapshot, 'FORWARDS_READY', now));
-        break;
-      case 'tearingDown':
-        go(report(snapshot, 'JOB_ENDED', now));
-        break;
-      case 'done':
-        go({ type: 'STEP_DONE', at: now, step: 'teardown', generation: snapshot.context.generation });
-        break;
-    }
+    go(event(snapshot, ++at));
     path.push(next);
   }
   expect(stateOf(snapshot)).toBe(target);

@@ -1,18 +1,11 @@
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import { sourceFiles } from '../fixtures/source-files.js';
 import { ALONE, LANE_B, LANE_B_DATABASES } from '../lanes.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
-
-function testFiles(dir: string): string[] {
-  return readdirSync(join(ROOT, dir), { withFileTypes: true }).flatMap((entry) => {
-    const path = join(dir, entry.name);
-    if (entry.isDirectory()) return testFiles(path);
-    return entry.name.endsWith('.test.ts') ? [path] : [];
-  });
-}
 
 /** Databases of 127.0.0.1:6379 a test file names: `const DB = N`, `privateRedis(N)`, `…:6379/N`. */
 function databasesOf(file: string): number[] {
@@ -29,8 +22,8 @@ function databasesOf(file: string): number[] {
 }
 
 describe('the test lanes (test/lanes.ts)', () => {
-  const all = testFiles('test')
-    .map((f) => relative(ROOT, join(ROOT, f)))
+  const all = sourceFiles(join(ROOT, 'test'), '.test.ts')
+    .map((f) => relative(ROOT, f))
     .filter((f) => f !== 'test/unit/test-lanes.test.ts');
 
   it('name only files that exist, each in one lane', () => {

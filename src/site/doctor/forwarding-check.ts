@@ -1,3 +1,4 @@
+import type { Client } from 'ssh2';
 import { type CheckResult, fail, pass } from './check-result.js';
 import { type DoctorContext, socketRoot } from './doctor-context.js';
 import { makeTempDir, removeTempDir } from './node-temp-dir.js';
@@ -17,6 +18,18 @@ export function socketRootFix(ctx: DoctorContext): string {
   );
 }
 
+/** A fresh 0700 scratch dir under SocketRoot on the node, or the failed check saying why there is none. */
+export async function scratchDir(
+  ctx: DoctorContext,
+  node: Client,
+  timeoutMs: number,
+): Promise<{ dir: string } | CheckResult> {
+  const root = socketRoot(ctx.config);
+  const made = await makeTempDir(node, root, timeoutMs, ctx.config.Network.SSH.Reverse.PrivateSocketRoot);
+  if ('dir' in made) return made;
+  return fail('forwarding', `no scratch dir on ${ctx.nodeName}: ${made.error}`, socketRootFix(ctx));
+}
+
 /**
  * Check 7, mode node: a real remote unix-socket forward on the node's own sshd, the very request a
  * carrier makes. The socket goes into a fresh 0700 dir under SocketRoot, which is removed
@@ -29,15 +42,8 @@ export async function checkNodeForwarding(ctx: DoctorContext): Promise<CheckResu
   const deadline = performance.now() + ctx.timeoutMs;
   const left = () => Math.max(500, deadline - performance.now());
 
-  const made = await makeTempDir(
-    node.client,
-    socketRoot(ctx.config),
-    left(),
-    ctx.config.Network.SSH.Reverse.PrivateSocketRoot,
-  );
-  if ('error' in made) {
-    return fail('forwarding', `no scratch dir on ${ctx.nodeName}: ${made.error}`, socketRootFix(ctx));
-  }
+  const made = await scratchDir(ctx, node.client, left());
+  if (!('dir' in made)) return made;
   const socket = `${made.dir}/doctor.sock`;
   let result: CheckResult;
   let leftover: string | undefined;

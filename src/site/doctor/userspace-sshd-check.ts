@@ -3,9 +3,9 @@ import { type Carrier, openCarrier } from '../../ssh/carrier.js';
 import { sshLoginHop } from '../../ssh/login-hop.js';
 import { isSessionError } from '../../ssh/session-error.js';
 import { bounded, type CheckResult, errorMessage, fail, lastLines, pass } from './check-result.js';
-import { type DoctorContext, socketRoot } from './doctor-context.js';
-import { CLEANUP_MS, socketRootFix, withLeftover } from './forwarding-check.js';
-import { makeTempDir, removeTempDir } from './node-temp-dir.js';
+import type { DoctorContext } from './doctor-context.js';
+import { CLEANUP_MS, scratchDir, withLeftover } from './forwarding-check.js';
+import { removeTempDir } from './node-temp-dir.js';
 import { runScript } from './remote-run.js';
 import { cancelForward, tryStreamLocalForward } from './stream-local-forward.js';
 
@@ -56,15 +56,8 @@ export async function checkUserspaceSshd(ctx: DoctorContext): Promise<CheckResul
     );
   }
 
-  const made = await makeTempDir(
-    node.client,
-    socketRoot(ctx.config),
-    left(),
-    ctx.config.Network.SSH.Reverse.PrivateSocketRoot,
-  );
-  if ('error' in made) {
-    return fail('forwarding', `no scratch dir on ${nodeName}: ${made.error}`, socketRootFix(ctx));
-  }
+  const made = await scratchDir(ctx, node.client, left());
+  if (!('dir' in made)) return made;
   let carrier: Carrier | undefined;
   let result: CheckResult;
   let leftover: string | undefined;
