@@ -7,6 +7,7 @@ import type { SiteConfig } from '../contract/site-config.js';
 import type { PodContext, RenderedPlan } from '../machines/pod-machine.js';
 import { renderedPlan } from '../machines/pod-schema.js';
 import { renderSessionPlan, type SessionPlan } from '../render/session-plan.js';
+import { sessionPlanSchema } from '../render/session-plan-schema.js';
 
 /** The pod's request, validated against the site (throws InputError for bad input). */
 export function requestOf(context: PodContext, config: SiteConfig): ReverseRequest {
@@ -83,7 +84,9 @@ export function launchPlan(
   stored: RenderedPlan | null | 'unreadable',
 ): LaunchPlan {
   if (stored && stored !== 'unreadable' && stored.site === siteDigest(config)) {
-    return { plan: stored.plan as unknown as SessionPlan };
+    const plan = sessionPlanSchema.safeParse(stored.plan);
+    if (plan.success) return { plan: plan.data };
+    return { plan: planOf(context, config), rendered: 'unreadable' };
   }
   const rendered = stored === 'unreadable' ? 'unreadable' : stored ? 'site-changed' : 'not-stored';
   return { plan: planOf(context, config), rendered };

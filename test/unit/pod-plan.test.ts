@@ -38,7 +38,18 @@ describe('the session plan, rendered once', () => {
     const stored = renderPlan(context(), site);
     const launch = launchPlan(context(), site, stored);
     expect(launch.rendered).toBeUndefined();
-    expect(launch.plan).toBe(stored.plan);
+    expect(launch.plan).toEqual(stored.plan);
+  });
+
+  it('renders again when the stored plan, under the same site, is not a session plan (another version, a hand edit)', () => {
+    const stored = renderPlan(context(), site);
+    const edited = {
+      ...stored,
+      plan: { ...stored.plan, carrier: { mode: 'node', loginHost: 'elsewhere.example.org' } },
+    };
+    const launch = launchPlan(context(), site, edited);
+    expect(launch.rendered).toBe('unreadable');
+    expect(launch.plan).toEqual(stored.plan);
   });
 
   it('renders again under another site configuration, and says why', () => {
