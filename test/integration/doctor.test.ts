@@ -128,7 +128,7 @@ describe('backhaul doctor', () => {
     const before = await scratchDirs();
     const { run, rows } = await doctorJson(allowing.siteConfigPath);
     expect(rows.map((r) => r.check)).toEqual(CHECKS);
-    for (const row of rows) expect(row, row.check).toMatchObject({ status: 'PASS', fix: null });
+    for (const row of rows) expect(row, `${row.check}: ${row.detail}`).toMatchObject({ status: 'PASS', fix: null });
     expect(run.code, said(run)).toBe(0);
     expect(rows.find((r) => r.check === 'slurm')?.detail).toContain('partitions: debug');
     expect(rows.find((r) => r.check === 'node')?.detail).toContain('bhnode1');

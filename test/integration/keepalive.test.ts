@@ -30,13 +30,6 @@ afterAll(async () => {
   await site?.stop();
 });
 
-async function nodeConnection(): Promise<{ login: Client; node: Client; errors: Error[] }> {
-  const { login, node } = await connectNodeThroughLogin(site, access, { intervalMs: INTERVAL_MS, countMax: 3 });
-  const errors: Error[] = [];
-  node.on('error', (err: Error) => errors.push(err));
-  return { login, node, errors };
-}
-
 function cat(node: Client): Promise<ClientChannel> {
   return new Promise((resolve, reject) =>
     node.exec('cat', (err, channel) => (err ? reject(err) : resolve(channel as ClientChannel))),
@@ -62,7 +55,10 @@ const keepalivesLogged = () => (site.node.readLog().match(KEEPALIVE) ?? []).leng
 
 describe('keepalives', () => {
   it('are not sent while data arrives, are sent once it stops, and still find a peer that went silent', async () => {
-    const { login, node, errors } = await nodeConnection();
+    const { login, node, errors } = await connectNodeThroughLogin(site, access, {
+      intervalMs: INTERVAL_MS,
+      countMax: 3,
+    });
     try {
       const channel = await cat(node);
       const before = keepalivesLogged();

@@ -8,14 +8,18 @@ import type { LoopbackSite } from './loopback-site.js';
 
 /**
  * The node's sshd reached as a node carrier reaches it: a login connection, a direct-tcpip jump from
- * it, and the node connection over the jump, its host key checked against the site's known hosts.
+ * it, and the node connection over the jump, its host key checked against the site's known hosts. The
+ * errors of both connections land in `errors` (a test that stops or kills an sshd gets resets there,
+ * not as an uncaught exception: seen once when the site stopped while the login connection closed).
  */
 export async function connectNodeThroughLogin(
   site: LoopbackSite,
   access: SiteAccess,
   keepalive: { intervalMs: number; countMax?: number },
-): Promise<{ login: Client; jump: Duplex; node: Client }> {
+): Promise<{ login: Client; jump: Duplex; node: Client; errors: Error[] }> {
+  const errors: Error[] = [];
   const { client: login } = await connectSsh(access.login);
+  login.on('error', (err: Error) => errors.push(err));
   const jump = await openDirectTcpip(login, site.nodeHost, site.nodePort);
   const { client: node } = await connectSsh({
     label: `node sshd ${site.nodeHost}:${site.nodePort}`,
@@ -29,5 +33,6 @@ export async function connectNodeThroughLogin(
     ...(keepalive.countMax === undefined ? {} : { keepaliveCountMax: keepalive.countMax }),
     verifyHostKey: (key) => verifyHostKey(access.carrier.knownHosts, site.nodeHost, site.nodePort, key),
   });
-  return { login, jump, node };
+  node.on('error', (err: Error) => errors.push(err));
+  return { login, jump, node, errors };
 }
