@@ -18,9 +18,18 @@ export default defineConfig({
   test: {
     reporters: ['default'],
     projects: [
-      { test: { ...shared, name: 'alone', include: [...ALONE] } },
-      { test: { ...shared, name: 'lane-a', include: ['test/**/*.test.ts'], exclude: [...ALONE, ...LANE_B] } },
-      { test: { ...shared, name: 'lane-b', include: [...LANE_B] } },
+      // Each its own range of ports for the servers its tests start (tools/sandbox/sshd.ts freePort).
+      { test: { ...shared, name: 'alone', include: [...ALONE], env: { BH_TEST_PORTS: '20000-23999' } } },
+      {
+        test: {
+          ...shared,
+          name: 'lane-a',
+          include: ['test/**/*.test.ts'],
+          exclude: [...ALONE, ...LANE_B],
+          env: { BH_TEST_PORTS: '24000-27999' },
+        },
+      },
+      { test: { ...shared, name: 'lane-b', include: [...LANE_B], env: { BH_TEST_PORTS: '28000-31999' } } },
     ],
   },
 });

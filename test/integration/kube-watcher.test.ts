@@ -1,6 +1,5 @@
 import { spawn } from 'node:child_process';
 import { writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
@@ -12,6 +11,7 @@ import { type RunningFleet, startFleet } from '../../src/fleet/fleet.js';
 import { silentLogger } from '../../src/log.js';
 import { sendEvent } from '../../src/pods/queues.js';
 import { createRedis } from '../../src/store/redis.js';
+import { freePort } from '../../tools/sandbox/sshd.js';
 import { privateRedis } from '../fixtures/fleet-harness.js';
 import {
   type KubeHarness,
@@ -405,14 +405,3 @@ describe('the watch role in the fleet', () => {
     }
   });
 });
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      server.close(() => resolve(typeof address === 'object' && address ? address.port : 0));
-    });
-  });
-}

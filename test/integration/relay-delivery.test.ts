@@ -1,11 +1,11 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { openSync } from 'node:fs';
 import { appendFile, copyFile, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import net from 'node:net';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { parseDelivery, renderDeliverRelay } from '../../src/render/relay-delivery.js';
 import { relaySource } from '../../src/render/relay-source.js';
+import { freePort } from '../../tools/sandbox/sshd.js';
 
 /**
  * The script the session host runs in the job once its carrier is open (ShadowSession.deliverRelay), on
@@ -78,14 +78,6 @@ async function startBoot(dir: string, ports: [number, number]): Promise<ChildPro
     await new Promise((r) => setTimeout(r, 25));
   }
   return child;
-}
-
-async function freePort(): Promise<number> {
-  const server = net.createServer().listen(0, '127.0.0.1');
-  await new Promise((r) => server.once('listening', r));
-  const port = (server.address() as net.AddressInfo).port;
-  await new Promise((r) => server.close(r));
-  return port;
 }
 
 describe('delivering the relay into a job', () => {

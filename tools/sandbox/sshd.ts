@@ -129,15 +129,36 @@ process.on('exit', () => {
   }
 });
 
-/** A port that was free a moment ago on HOST (bind :0, read it, close). */
+/**
+ * A port that was free a moment ago on HOST. Under `npm test` (BH_TEST_PORTS=LOW-HIGH, one range per
+ * lane: vitest.config.ts) it is drawn from the lane's own range, below the kernel's ephemeral ports:
+ * bind :0 and every outgoing connection take theirs from the ephemeral range, so a server that starts
+ * (or restarts, on the same port) a moment after the port was found free could otherwise find it taken
+ * by the other lane, and a client would reach the other lane's server (seen: a Redis restarted empty
+ * answered with another test's records). Without the variable: bind :0.
+ */
 export async function freePort(host = '127.0.0.1'): Promise<number> {
+  const range = /^(\d+)-(\d+)$/.exec(process.env.BH_TEST_PORTS ?? '');
+  if (!range) return bindable(host, 0);
+  const [low, high] = [Number(range[1]), Number(range[2])];
+  for (let attempt = 0; attempt < 100; attempt++) {
+    const port = low + Math.floor(Math.random() * (high - low + 1));
+    const got = await bindable(host, port).catch(() => undefined);
+    if (got !== undefined) return got;
+  }
+  throw new Error(`no free port in BH_TEST_PORTS=${range[0]} on ${host} after 100 tries`);
+}
+
+/** Binds HOST:PORT (0: any), closes, and says which port it was. */
+async function bindable(host: string, port: number): Promise<number> {
   const server = net.createServer();
-  server.listen(0, host);
-  await once(server, 'listening');
+  const failed = new Promise<never>((_, reject) => server.once('error', reject));
+  server.listen(port, host);
+  await Promise.race([once(server, 'listening'), failed]);
   const address = server.address();
   server.close();
   await once(server, 'close');
-  if (address === null || typeof address === 'string') throw new Error('no port from bind :0');
+  if (address === null || typeof address === 'string') throw new Error(`no port from bind :${port}`);
   return address.port;
 }
 
