@@ -23,22 +23,6 @@ export function runCommand(
   return bounded(what, timeoutMs, execCapture(client, command, opts));
 }
 
-/**
- * runCommand for a command that only reads (`squeue --version`, `sinfo`): asked again once when it ended
- * without an exit status or signal (the exec channel closed with none; seen in CI on a loaded machine),
- * which says nothing about the command.
- */
-export async function runReadOnly(
-  client: Client,
-  command: string,
-  timeoutMs: number,
-  what: string,
-): Promise<ExecResult> {
-  const first = await runCommand(client, command, timeoutMs, what);
-  if (first.code !== null || first.signal) return first;
-  return runCommand(client, command, timeoutMs, what);
-}
-
 /** A command the shell could not find: sh says "not found" (127), csh "Command not found." (1). */
 export function notFound(result: ExecResult): boolean {
   return result.code === 127 || /command not found|: not found/i.test(result.stderr);

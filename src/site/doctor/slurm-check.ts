@@ -1,7 +1,7 @@
 import type { ExecResult } from '../../ssh/remote-exec.js';
 import { type CheckResult, fail, lastLines, pass } from './check-result.js';
 import type { DoctorContext } from './doctor-context.js';
-import { notFound, runReadOnly } from './remote-run.js';
+import { notFound, runCommand } from './remote-run.js';
 
 const VERSION_COMMANDS = ['squeue', 'sbatch', 'srun'] as const;
 
@@ -21,7 +21,7 @@ export async function checkSlurm(ctx: DoctorContext): Promise<CheckResult> {
 
   const versions = new Map<string, string>();
   for (const command of VERSION_COMMANDS) {
-    const result = await runReadOnly(login.client, `${command} --version`, left(), `${command} --version`);
+    const result = await runCommand(login.client, `${command} --version`, left(), `${command} --version`);
     if (result.code !== 0 && !answeredWithoutStatus(result)) {
       // How it ended is part of the message: a null status (a signal, or none sent) was seen once in CI.
       const said = `${exitOf(result)}${lastLines(result.stderr || result.stdout) ? `: ${lastLines(result.stderr || result.stdout)}` : ''}`;
@@ -34,7 +34,7 @@ export async function checkSlurm(ctx: DoctorContext): Promise<CheckResult> {
     versions.set(command, result.stdout.trim().split('\n')[0] ?? '');
   }
 
-  const sinfo = await runReadOnly(login.client, "sinfo -h -o '%P'", left(), 'sinfo -h -o %P');
+  const sinfo = await runCommand(login.client, "sinfo -h -o '%P'", left(), 'sinfo -h -o %P');
   if (sinfo.code !== 0) {
     const said = `${exitOf(sinfo)}${lastLines(sinfo.stderr) ? `: ${lastLines(sinfo.stderr)}` : ''}`;
     return fail(
@@ -65,8 +65,8 @@ export async function checkSlurm(ctx: DoctorContext): Promise<CheckResult> {
 }
 
 /**
- * Printed its version, but the exec ended without an exit status (seen in CI for `srun --version`, twice in
- * a row, under load): the command is there and answers, which is all this check asks of it.
+ * Printed its version, but the exec ended without an exit status (seen in CI for `srun --version`, asked twice
+ * in a row, under load: asking again does not help): the command is there and answers, which is all this check asks of it.
  */
 function answeredWithoutStatus(result: ExecResult): boolean {
   return result.code === null && !result.signal && /\d+\.\d+/.test(result.stdout);
