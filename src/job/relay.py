@@ -715,6 +715,12 @@ _refusals = RefusalLog()
 _scope = {"job": None}
 
 
+def _refuse(client, text):
+    """Logs the refusal, then closes: whoever sees the connection end can already read why."""
+    _refusals.refused(text)
+    _close(client)
+
+
 def handle(client, listen_label, socket_path, my_uid):
     """Checks and connects one client, in a thread of Handlers (the /proc lookup
     and the unix connect may take a while); then hands the pair to the Pump.
@@ -728,20 +734,17 @@ def handle(client, listen_label, socket_path, my_uid):
         label = "%s -> %s" % (peer_label, listen_label)
         found = peer_owner(local_name, peer_name)
         if found is None:
-            _close(client)
-            _refusals.refused("%s: owner unknown" % label)
+            _refuse(client, "%s: owner unknown" % label)
             return
         owner, inode = found
         if owner != my_uid:
-            _close(client)
-            _refusals.refused("%s: uid %d is not the job's uid %d" % (label, owner, my_uid))
+            _refuse(client, "%s: uid %d is not the job's uid %d" % (label, owner, my_uid))
             return
         scope = _scope["job"]
         if scope is not None:
             member, who = scope.owner(inode)
             if not member:
-                _close(client)
-                _refusals.refused("%s: %s is not a process of %s" % (label, who, scope.describe()))
+                _refuse(client, "%s: %s is not a process of %s" % (label, who, scope.describe()))
                 return
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -749,15 +752,15 @@ def handle(client, listen_label, socket_path, my_uid):
             upstream.connect(socket_path)
             upstream.settimeout(None)
         except Exception as exc:
+            log("%s: cannot connect %s: %s" % (label, socket_path, _errtext(exc)))
             _close(upstream)
             _close(client)
-            log("%s: cannot connect %s: %s" % (label, socket_path, _errtext(exc)))
             return
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         pump().add(Link(client, upstream, label))
     except Exception as exc:
-        _close(client)
         log("%s: %s" % (label, _errtext(exc)))
+        _close(client)
 
 
 MAX_HANDLERS = 8
@@ -1114,11 +1117,10 @@ def _accept_all(listener, data, my_uid):
         try:
             client.setblocking(True)
             if not _handlers.submit((client, label, path, my_uid)):
-                _close(client)
-                _refusals.refused("%s: %d connections are waiting to be checked already" % (label, MAX_WAITING))
+                _refuse(client, "%s: %d connections are waiting to be checked already" % (label, MAX_WAITING))
         except Exception as exc:
-            _close(client)
             log("%s: cannot handle a connection: %s" % (label, _errtext(exc)))
+            _close(client)
 
 
 def main(argv=None):

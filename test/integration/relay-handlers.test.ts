@@ -130,3 +130,46 @@ describe('relay under a flood of connections (issue 25, item 7)', () => {
     });
   }, 60_000);
 });
+
+const ORDER = `
+import importlib.util, json, os, socket, sys
+spec = importlib.util.spec_from_file_location("relay", sys.argv[1])
+relay = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(relay)
+events = []
+relay.log = lambda message: events.append("log")
+real_close = relay._close
+def close(sock):
+    events.append("close")
+    real_close(sock)
+relay._close = close
+out = {}
+me = os.getuid()
+for case, owner in (("foreign uid", (me + 1, 0)), ("owner unknown", None), ("socket missing", (me, 0))):
+    del events[:]
+    relay.peer_owner = lambda local, peer, found=owner: found
+    listener = socket.create_server(("127.0.0.1", 0))
+    peer = socket.create_connection(listener.getsockname())
+    client, _ = listener.accept()
+    relay.handle(client, "127.0.0.1:%d" % listener.getsockname()[1], "/nonexistent/backhaul.sock", me)
+    peer.close()
+    listener.close()
+    out[case] = events[:]
+print(json.dumps(out))
+`;
+
+describe('relay refusals', () => {
+  it('are logged before the connection is closed, so whoever sees it end can already read why', async () => {
+    const stdout = await new Promise<string>((resolve, reject) =>
+      execFile('/usr/bin/python3', ['-c', ORDER, RELAY], { timeout: 60_000 }, (err, out, errText) =>
+        err ? reject(new Error(`${err.message}\n${errText}`)) : resolve(out),
+      ),
+    );
+    expect(JSON.parse(stdout), stdout).toEqual({
+      'foreign uid': ['log', 'close'],
+      'owner unknown': ['log', 'close'],
+      // The unix side's close comes first (the client is not told anything by it), then the client's.
+      'socket missing': ['log', 'close', 'close'],
+    });
+  }, 60_000);
+});
