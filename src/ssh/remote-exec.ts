@@ -7,10 +7,25 @@ export interface ExecResult {
   stderr: string;
 }
 
-/** Opens an exec channel (never a pty: a pty would mangle the bytes of a carrier). */
-export function openExec(client: Client, command: string): Promise<ClientChannel> {
+export type ExitListener = (code: number | null, signal?: string) => void;
+
+/**
+ * Opens an exec channel (never a pty: a pty would mangle the bytes of a carrier). ONEXIT, when given, is
+ * listening before the channel is handed over: ssh2 emits `exit` (a plain event, not buffered like the
+ * channel's data) from inside its packet loop, so a command whose output, status and close arrived in the
+ * same read as the channel's confirmation, as they do from a quick command while this process is busy,
+ * has reported its status before any `await` could attach a listener (test/integration/remote-exec.test.ts).
+ */
+export function openExec(client: Client, command: string, onExit?: ExitListener): Promise<ClientChannel> {
   return new Promise((resolve, reject) => {
-    client.exec(command, (err, channel) => (err ? reject(err) : resolve(channel)));
+    client.exec(command, (err, channel) => {
+      if (err) {
+        reject(err);
+        return;
+      }
+      if (onExit) channel.on('exit', onExit);
+      resolve(channel);
+    });
   });
 }
 
@@ -39,14 +54,17 @@ export async function execCapture(
 ): Promise<ExecResult> {
   const timeoutMs = opts.timeoutMs ?? 30_000;
   const deadline = performance.now() + timeoutMs;
-  const channel = await openWithin(client, command, timeoutMs);
+  let code: number | null = null;
+  let signal: string | undefined;
+  const channel = await openWithin(client, command, timeoutMs, (c, s) => {
+    code = c;
+    signal = s;
+  });
   const maxBytes = opts.maxBytes ?? 1 << 20;
   return new Promise((resolve, reject) => {
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     let size = 0;
-    let code: number | null = null;
-    let signal: string | undefined;
     const timer = setTimeout(
       () => {
         channel.close();
@@ -60,10 +78,6 @@ export async function execCapture(
     };
     channel.on('data', keep(out));
     channel.stderr.on('data', keep(err));
-    channel.on('exit', (c: number | null, s?: string) => {
-      code = c;
-      signal = s;
-    });
     channel.on('close', () => {
       clearTimeout(timer);
       resolve({
@@ -86,7 +100,7 @@ export async function execCapture(
  * The channel open counts against the command's time too: a server that never answers it (a loaded
  * sshd) must not hold the caller, nor everyone waiting on the same query, forever.
  */
-function openWithin(client: Client, command: string, timeoutMs: number): Promise<ClientChannel> {
+function openWithin(client: Client, command: string, timeoutMs: number, onExit: ExitListener): Promise<ClientChannel> {
   return new Promise((resolve, reject) => {
     let late = false;
     const timer = setTimeout(() => {
@@ -98,7 +112,7 @@ function openWithin(client: Client, command: string, timeoutMs: number): Promise
         ),
       );
     }, timeoutMs);
-    openExec(client, command).then(
+    openExec(client, command, onExit).then(
       (channel) => {
         clearTimeout(timer);
         if (late) channel.close();

@@ -324,8 +324,8 @@ export class ShadowSession {
     const dir = await execCapture(carrier.client, `test -d ${shellQuote(this.opts.plan.socketDir)}`, {
       timeoutMs: 10_000,
     }).catch(() => undefined);
-    // Only test's own "no" (status 1) says the dir is gone: a command that ended without a status (seen
-    // under load: the exec channel closed with none) says nothing, and the refusal stands.
+    // Only test's own "no" (status 1) says the dir is gone: a channel that closed without a status (its
+    // shell killed) or a signal says nothing, and the refusal stands.
     return dir?.code === 1 ? { type: 'SOCKETS_VANISHED' } : undefined;
   }
 
