@@ -29,6 +29,7 @@ export const LANE_B: readonly string[] = [
   'test/integration/image-build.test.ts',
   'test/integration/prelude.test.ts',
   'test/integration/redis-sentinel.test.ts',
+  'test/integration/redis-sentinel-clients.test.ts',
   'test/integration/shadow-session.test.ts',
 ];
 

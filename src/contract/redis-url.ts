@@ -22,6 +22,8 @@ export const REDIS_URL_ACCEPTED =
 const SCHEME = /^(rediss?)(\+sentinel)?:\/\/(.*)$/i;
 const HOST_PORT = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?$/;
 const MASTER_NAME = /^[A-Za-z0-9._-]{1,64}$/;
+/** How long a sentinel may take to answer before the next one is asked (test/integration/redis-sentinel-clients.test.ts). */
+const SENTINEL_COMMAND_TIMEOUT_MS = 2_000;
 
 export class RedisUrlError extends Error {}
 
@@ -117,6 +119,9 @@ export function parseRedisUrl(url: string, env: NodeJS.ProcessEnv = process.env)
       ...(tls ? { tls: {}, sentinelTLS: {}, enableTLSForSentinelMode: true } : {}),
       // Ask the sentinels as soon as they announce a new master, not only when the old one stops answering.
       failoverDetector: true,
+      // A sentinel answers its questions at once; one that does not (paused, its host hung) is skipped for
+      // the next instead of holding the reconnect for good (ioredis waits forever without a timeout).
+      sentinelCommandTimeout: SENTINEL_COMMAND_TIMEOUT_MS,
     },
   };
 }

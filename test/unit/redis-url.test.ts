@@ -36,6 +36,7 @@ describe('Redis URLs: one server or a Sentinel set', () => {
       name: 'mymaster',
       db: 2,
       failoverDetector: true,
+      sentinelCommandTimeout: 2_000,
     });
     expect(parsed.where).toBe('10.0.0.1:26379,10.0.0.2:26380,::1:26379 (master mymaster)');
   });
