@@ -8,13 +8,8 @@
  * the ones lane B's files use, which no file of lane A may use; test/unit/test-lanes.test.ts checks).
  */
 
-/**
- * Files that stop or restart what both lanes share (slurmctld SIGSTOPped, Slurm started again), and
- * doctor.test, whose execs of the Slurm commands came back without an exit status twice beside the
- * other lane and once before the lanes (src/site/doctor/slurm-check.ts now takes a printed version).
- */
+/** Files that stop or restart what both lanes share (slurmctld SIGSTOPped, Slurm started again). */
 export const ALONE: readonly string[] = [
-  'test/integration/doctor.test.ts',
   'test/integration/fleet-faults.test.ts',
   'test/integration/loopback-site.test.ts',
   'test/integration/slurm-up.test.ts',

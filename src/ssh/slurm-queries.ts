@@ -11,8 +11,9 @@ const NAMES_PER_QUERY = 200;
 const QUERY_TIMEOUT_MS = 15_000;
 /**
  * squeue only reads, so a failed one is asked again after these pauses before the lookups fail (and with
- * them every shadow waiting on the batch): with 500 shadows starting at once on a loaded login node, 1 in
- * 40 squeue channels closed without an exit status (bench:control).
+ * them every shadow waiting on the batch). The 1 in 40 squeue channels that bench:control once saw close
+ * "without an exit status" with 500 shadows starting at once were execCapture missing statuses that came
+ * in the channel's first read (src/ssh/remote-exec.ts); a slurmctld busy for a moment is what is left.
  */
 const RETRY_PAUSES_MS = [250, 1_000];
 
