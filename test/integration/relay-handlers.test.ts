@@ -12,6 +12,15 @@ import { describe, expect, it } from 'vitest';
 
 const RELAY = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../src/job/relay.py');
 
+/** Runs SCRIPT in python3 with the relay module's path as its argument; its stdout. */
+function againstRelay(script: string): Promise<string> {
+  return new Promise<string>((resolve, reject) =>
+    execFile('/usr/bin/python3', ['-c', script, RELAY], { timeout: 60_000 }, (err, out, errText) =>
+      err ? reject(new Error(`${err.message}\n${errText}`)) : resolve(out),
+    ),
+  );
+}
+
 const SCRIPT = `
 import importlib.util, json, sys, threading, time
 spec = importlib.util.spec_from_file_location("relay", sys.argv[1])
@@ -56,11 +65,7 @@ print(json.dumps(out))
 
 describe('relay connection handlers', () => {
   it('reuse an idle thread, start another when all are busy, and end when idle', async () => {
-    const stdout = await new Promise<string>((resolve, reject) =>
-      execFile('/usr/bin/python3', ['-c', SCRIPT, RELAY], { timeout: 60_000 }, (err, out, errText) =>
-        err ? reject(new Error(`${err.message}\n${errText}`)) : resolve(out),
-      ),
-    );
+    const stdout = await againstRelay(SCRIPT);
     expect(JSON.parse(stdout), stdout).toEqual({
       threads_for_sequential: 1,
       other_ran_while_blocked: true,
@@ -114,11 +119,7 @@ print(json.dumps(out))
 
 describe('relay under a flood of connections (issue 25, item 7)', () => {
   it('caps its handler threads and queue, and logs refusals by the window, not one line each', async () => {
-    const stdout = await new Promise<string>((resolve, reject) =>
-      execFile('/usr/bin/python3', ['-c', FLOOD, RELAY], { timeout: 60_000 }, (err, out, errText) =>
-        err ? reject(new Error(`${err.message}\n${errText}`)) : resolve(out),
-      ),
-    );
+    const stdout = await againstRelay(FLOOD);
     expect(JSON.parse(stdout), stdout).toEqual({
       threads_while_blocked: 8,
       // 8 taken by a thread, 100 waiting; the other 92 refused at once.
@@ -160,11 +161,7 @@ print(json.dumps(out))
 
 describe('relay refusals', () => {
   it('are logged before the connection is closed, so whoever sees it end can already read why', async () => {
-    const stdout = await new Promise<string>((resolve, reject) =>
-      execFile('/usr/bin/python3', ['-c', ORDER, RELAY], { timeout: 60_000 }, (err, out, errText) =>
-        err ? reject(new Error(`${err.message}\n${errText}`)) : resolve(out),
-      ),
-    );
+    const stdout = await againstRelay(ORDER);
     expect(JSON.parse(stdout), stdout).toEqual({
       'foreign uid': ['log', 'close'],
       'owner unknown': ['log', 'close'],
