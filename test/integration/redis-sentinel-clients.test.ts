@@ -22,10 +22,13 @@ afterEach(async () => {
 });
 
 /** Kills the master while sentinel 0 (the one the connection asks first) is paused; returns the promoted port. */
-async function failOverPastAPausedSentinel(s: SentinelSet): Promise<{ old: number; promoted: number }> {
+async function failOverPastAPausedSentinel(
+  s: SentinelSet,
+): Promise<{ old: number; promoted: number; killedAt: number; promotedAt: number }> {
   const old = (await s.masterPort(1)) ?? 0;
   s.pauseSentinel(0, true);
   await s.kill(old);
+  const killedAt = Date.now();
   const promoted = await waitFor(
     'a replica promoted (as sentinel 1 sees it)',
     async () => {
@@ -34,7 +37,7 @@ async function failOverPastAPausedSentinel(s: SentinelSet): Promise<{ old: numbe
     },
     30_000,
   );
-  return { old, promoted };
+  return { old, promoted, killedAt, promotedAt: Date.now() };
 }
 
 /** The statuses R goes through from now on, for the failure message. */
@@ -70,8 +73,11 @@ describe('a fleet connection through a failover', () => {
     client.on('error', () => undefined);
     expect(await client.ping()).toBe('PONG');
     const statuses = statusesOf(client);
-    const { promoted } = await failOverPastAPausedSentinel(set);
+    const { promoted, killedAt, promotedAt } = await failOverPastAPausedSentinel(set);
     const back = await reconnected(client, statuses, 20_000);
+    console.log(
+      `sentinel 0 paused, master killed: replica promoted ${promotedAt - killedAt} ms after (as sentinel 1 saw it), the connection answered on it ${Date.now() - killedAt} ms after`,
+    );
     expect(back).toEqual({ pong: 'PONG', port: promoted });
   }, 90_000);
 
