@@ -31,17 +31,24 @@ async function run(check: HealthCheck): Promise<boolean> {
 }
 
 /**
- * Plain-HTTP probes for the fleet's pods (`backhaul worker --health-port`): GET /livez answers as long
- * as the event loop runs (a wedged process is restarted); GET /readyz runs the readiness checks (Redis
- * reachable, the pod watcher synced) and answers 503 with the failing ones. /healthz is /readyz.
- * GET /metrics: Prometheus exposition of the member's metrics (src/metrics/fleet-metrics.ts).
+ * Plain-HTTP probes for the fleet's pods (`backhaul worker --health-port`): GET /livez runs the liveness
+ * checks (none fail while the process can still do its work: a process that cannot is restarted) and
+ * GET /readyz the readiness checks (Redis reachable, the pod watcher synced); each answers 503 with the
+ * failing ones. /healthz is /readyz. GET /metrics: Prometheus exposition of the member's metrics
+ * (src/metrics/fleet-metrics.ts).
  */
 export async function startHealthServer(
   port: number,
   address: string,
-  ready: HealthCheck[],
+  checks: { ready: HealthCheck[]; live?: HealthCheck[] },
   metrics?: () => Promise<{ contentType: string; body: string }>,
 ): Promise<HealthServer> {
+  const answer = (list: HealthCheck[], failedStatus: string, reply: (status: number, body: unknown) => void) => {
+    void Promise.all(list.map(async (c) => [c.name, await run(c)] as const)).then((results) => {
+      const failing = results.filter(([, ok]) => !ok).map(([name]) => name);
+      reply(failing.length === 0 ? 200 : 503, { status: failing.length === 0 ? 'ok' : failedStatus, failing });
+    });
+  };
   const server: Server = createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0];
     const reply = (status: number, body: unknown) => {
@@ -50,14 +57,8 @@ export async function startHealthServer(
       res.end(text);
     };
     if (req.method !== 'GET' && req.method !== 'HEAD') return reply(405, { error: 'use GET' });
-    if (path === '/livez') return reply(200, { status: 'ok' });
-    if (path === '/readyz' || path === '/healthz') {
-      void Promise.all(ready.map(async (c) => [c.name, await run(c)] as const)).then((results) => {
-        const failing = results.filter(([, ok]) => !ok).map(([name]) => name);
-        reply(failing.length === 0 ? 200 : 503, { status: failing.length === 0 ? 'ok' : 'not ready', failing });
-      });
-      return;
-    }
+    if (path === '/livez') return answer(checks.live ?? [], 'not live', reply);
+    if (path === '/readyz' || path === '/healthz') return answer(checks.ready, 'not ready', reply);
     if (path === '/metrics' && metrics) {
       void metrics().then(
         ({ contentType, body }) => {

@@ -1,5 +1,6 @@
 import { Redis, type RedisOptions } from 'ioredis';
 import { parseRedisUrl } from '../contract/redis-url.js';
+import type { FleetRedisOptions, LostConnections } from './lost-connections.js';
 
 export const DEFAULT_REDIS_URL = 'redis://127.0.0.1:6379';
 
@@ -13,8 +14,10 @@ export interface CreateRedisOptions {
   connectionName?: string;
   /** When the URL carries none (it comes from a file or the environment, never argv). */
   password?: string;
-  /** Anything else for ioredis. */
-  options?: RedisOptions;
+  /** Anything else for ioredis (replies mapped as ioredis does by default). */
+  options?: Omit<RedisOptions, 'replyMapping'>;
+  /** Told when this connection, or a duplicate of it, closes for good without being closed (a worker's). */
+  watch?: LostConnections;
 }
 
 /**
@@ -29,13 +32,16 @@ export function createRedis(url?: string, opts: CreateRedisOptions = {}): Redis 
     kind === 'worker'
       ? { maxRetriesPerRequest: null, enableReadyCheck: true }
       : { maxRetriesPerRequest: 1, connectTimeout: 5_000, retryStrategy: (times) => (times > 3 ? null : 200 * times) };
-  return new Redis({
+  const options: FleetRedisOptions = {
     ...parseRedisUrl(target).options,
     ...base,
     ...(opts.connectionName === undefined ? {} : { connectionName: opts.connectionName }),
     ...(opts.password === undefined ? {} : { password: opts.password }),
     ...opts.options,
-  });
+    // ioredis' default, said outright: every caller reads replies as it maps them.
+    replyMapping: 'legacy',
+  };
+  return opts.watch ? opts.watch.connect(options, opts.connectionName ?? 'redis') : new Redis(options);
 }
 
 /** A TIME reply ([seconds, microseconds]) in epoch ms. */

@@ -384,6 +384,8 @@ describe('the watch role in the fleet', () => {
         child.kill('SIGTERM');
       }
       expect(await exited, stderr).toBe(0);
+      // Its Redis connections, BullMQ's included, were closed by the fleet: none reported as lost.
+      expect(stderr).not.toContain('closed for good');
       expect(await kube.api.openWatchesAfter(), `watches still open 3 s after the worker exited; ${stderr}`).toBe(0);
     } finally {
       await redis.close();

@@ -125,5 +125,8 @@ describe('Redis with Sentinel: the master killed under active pods', () => {
     expect(await allActive(deps, everyone)).toBe(true);
     expect(control.child.exitCode).toBeNull();
     expect(host.child.exitCode).toBeNull();
+    // No connection of either worker, BullMQ's included, closed for good on the way (src/store/lost-connections.ts).
+    expect(control.log(), 'control worker log').not.toContain('closed for good');
+    expect(host.log(), 'session host log').not.toContain('closed for good');
   }, 360_000);
 });

@@ -4,6 +4,7 @@ import type { RunningFleet } from '../../fleet/fleet.js';
 import type { HealthServer } from '../../fleet/health.js';
 import { defaultHostId, ROLES, type Role } from '../../fleet/roles.js';
 import { createLogger } from '../../log.js';
+import { LostConnections } from '../../store/lost-connections.js';
 import { createRedis } from '../../store/redis.js';
 import { type FleetOption, fleetOptions } from '../fleet-connection.js';
 import { loadSiteConfig } from '../inputs.js';
@@ -63,12 +64,19 @@ export function registerWorker(program: Command): void {
     if (onCommandLine) log.warn(onCommandLine);
     // A webhook-only member never uses Redis: do not even connect (pod admission must not depend on it).
     const webhookOnly = flags.roles.every((role) => role === 'webhook');
+    const redisAt = parseRedisUrl(target.url).where;
+    const lost = new LostConnections((name) =>
+      log.error(
+        { redis: redisAt, connection: name },
+        'a redis connection closed for good without being closed: /livez fails so that this process is restarted',
+      ),
+    );
     const redis = createRedis(target.url, {
+      watch: lost,
       connectionName: `backhaul-worker-${flags.hostId ?? defaultHostId()}`,
       ...(target.password === undefined ? {} : { password: target.password }),
       ...(webhookOnly ? { options: { lazyConnect: true } } : {}),
     });
-    const redisAt = parseRedisUrl(target.url).where;
     redis.on('error', (err) => log.warn({ redis: redisAt, err: err.message }, 'redis connection error (retrying)'));
     // Up before the fleet: /livez answers while start-up waits for Redis; /readyz says why it is not ready.
     let fleet: RunningFleet | undefined;
@@ -77,11 +85,14 @@ export function registerWorker(program: Command): void {
       health = await startHealthServer(
         flags.healthPort,
         flags.healthAddress,
-        [
-          { name: 'fleet-started', check: () => fleet !== undefined },
-          ...(!webhookOnly ? [{ name: 'redis', check: async () => (await redis.ping()) === 'PONG' }] : []),
-          { name: 'pod-watch', check: () => fleet?.cluster.watcher?.synced ?? true },
-        ],
+        {
+          ready: [
+            { name: 'fleet-started', check: () => fleet !== undefined },
+            ...(!webhookOnly ? [{ name: 'redis', check: async () => (await redis.ping()) === 'PONG' }] : []),
+            { name: 'pod-watch', check: () => fleet?.cluster.watcher?.synced ?? true },
+          ],
+          live: [{ name: 'redis-connections', check: () => lost.list().length === 0 }],
+        },
         () => metrics.text(),
       );
       log.info({ port: health.port }, 'health endpoint listening');
