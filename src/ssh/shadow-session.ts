@@ -80,6 +80,13 @@ const LOGIN_SESSIONS = { node: 0, userspace: 0, srun: 1 } as const;
 const SETUP_SETTLE_MS = 15_000;
 /** Each step of giving things back (cancel the forwards, remove the sockets) waits at most this long. */
 const RELEASE_STEP_MS = 5_000;
+/**
+ * After the socket dir vanished (the prelude's EXIT trap removes it as the batch script ends), squeue is
+ * asked again this often, this long, for the job's end: slurmctld hears of it a moment after the trap ran,
+ * and the pod's Event should say how the job ended (COMPLETED, FAILED), not only that its sockets went.
+ */
+const VANISHED_ASK_EVERY_MS = 500;
+const VANISHED_ASK_FOR_MS = 5_000;
 
 /** JOB_ENDED for a job that has ended or is ending; undefined for one that may still run. */
 function endOf(job: SlurmJob): ShadowEnd | undefined {
@@ -301,7 +308,12 @@ export class ShadowSession {
     const outcome = await Promise.race([vanished.then((watched) => ({ lost: undefined, watched })), lost, jobGone]);
     this.abortIfClosing();
     if ('gone' in outcome) return outcome.gone;
-    const ended = await this.jobEnded();
+    // The watch also ends as "vanished" when its channel closes with the carrier: then no waiting for squeue.
+    const ended =
+      'watched' in outcome && outcome.watched === 'vanished'
+        ? await Promise.race([this.endingJob(), carrier.lost.then(() => undefined)])
+        : await this.jobEnded();
+    this.abortIfClosing();
     if (ended) return ended;
     if (outcome.lost !== undefined) return { type: 'CARRIER_LOST', reason: outcome.lost };
     if ('watched' in outcome && outcome.watched === 'relay-dead') {
@@ -364,6 +376,17 @@ export class ShadowSession {
     const job = await this.jobNow().catch(() => undefined);
     if (!job || (jobId !== undefined && job.jobId !== jobId)) return undefined;
     return endOf(job);
+  }
+
+  /** The job's end once squeue shows it, asked for a few seconds (VANISHED_ASK_FOR_MS); undefined if it does not. */
+  private async endingJob(): Promise<ShadowEnd | undefined> {
+    const until = performance.now() + VANISHED_ASK_FOR_MS;
+    for (;;) {
+      const ended = await this.jobEnded();
+      if (ended || performance.now() >= until) return ended;
+      await sleep(VANISHED_ASK_EVERY_MS, undefined, { signal: this.abort.signal }).catch(() => undefined);
+      if (this.abort.signal.aborted) return undefined;
+    }
   }
 
   private async jobNow(): Promise<SlurmJob | undefined> {
