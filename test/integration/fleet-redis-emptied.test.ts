@@ -105,10 +105,20 @@ describe('Redis restarted empty under active pods', () => {
       (await view(waiting.uid)).state === 'waitingBatchHost' ? true : undefined,
     );
 
+    // The fleet's epoch (redis/epoch-check.lua), which nothing deletes: a new one after the restart proves
+    // Redis came back empty. The records themselves cannot: the watch role may rebuild them before this
+    // process has reconnected to look (seen in CI under load: all 13 back by then).
+    const epochBefore = await deps.redis.hget(deps.keys.epoch(), 'id');
+    expect(epochBefore, 'the fleet keeps an epoch').toBeTruthy();
     const emptiedAt = Date.now();
     await redis.restartEmpty();
     const restartedAt = Date.now();
-    expect(await deps.store.list()).toEqual([]);
+    const epochAfter = await waitFor(
+      'the fleet to find its epoch gone and write another',
+      async () => (await deps.redis.hget(deps.keys.epoch(), 'id')) ?? undefined,
+      30_000,
+    );
+    expect(epochAfter, 'the epoch after the restart').not.toBe(epochBefore);
 
     const back = await waitFor(
       'every record rebuilt and active on its kept shadow',
