@@ -308,11 +308,10 @@ export class ShadowSession {
     const outcome = await Promise.race([vanished.then((watched) => ({ lost: undefined, watched })), lost, jobGone]);
     this.abortIfClosing();
     if ('gone' in outcome) return outcome.gone;
-    // The watch also ends as "vanished" when its channel closes with the carrier: then no waiting for squeue.
+    // The watch saw the dir go (the trap ran): the job is ending, whatever happens to the carrier meanwhile
+    // (an srun carrier is a step of the job and ends with it). Anything else: squeue's word once.
     const ended =
-      'watched' in outcome && outcome.watched === 'vanished'
-        ? await Promise.race([this.endingJob(), carrier.lost.then(() => undefined)])
-        : await this.jobEnded();
+      'watched' in outcome && outcome.watched === 'vanished' ? await this.endingJob() : await this.jobEnded();
     this.abortIfClosing();
     if (ended) return ended;
     if (outcome.lost !== undefined) return { type: 'CARRIER_LOST', reason: outcome.lost };
@@ -577,7 +576,7 @@ export class ShadowSession {
     dir: string,
     paths: readonly string[],
     intervalS: number,
-  ): Promise<'vanished' | 'relay-dead'> {
+  ): Promise<'vanished' | 'relay-dead' | 'closed'> {
     const channel = await openExec(client, '/bin/sh -s');
     this.watch = channel;
     if (this.tornDown) channel.close();
@@ -590,7 +589,7 @@ export class ShadowSession {
         if (seen.includes(WATCH_RELAY_DEAD)) resolve('relay-dead');
       });
       channel.stderr.resume();
-      channel.on('close', () => resolve('vanished'));
+      channel.on('close', () => resolve('closed'));
       channel.end(renderSocketWatch(dir, paths, intervalS));
     });
   }
