@@ -4,6 +4,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { type HealthServer, startHealthServer } from '../../src/fleet/health.js';
 import { LostConnections } from '../../src/store/lost-connections.js';
 import { createRedis } from '../../src/store/redis.js';
+import { waitFor } from '../../tools/sandbox/shadow-harness.js';
 
 /**
  * A fleet connection that ioredis gives up on (status `end` without the fleet closing it) is reported,
@@ -112,11 +113,11 @@ describe('lost fleet connections', () => {
     await queue.obliterate({ force: true });
     await queue.close();
     expect(duplicates.length, 'connections BullMQ duplicated').toBeGreaterThan(0);
-    const deadline = Date.now() + 10_000;
-    while (duplicates.some((d) => d.status !== 'end') && Date.now() < deadline) {
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
-    expect(duplicates.map((d) => d.status)).toEqual(duplicates.map(() => 'end'));
+    await waitFor("BullMQ's connections ended", () => duplicates.every((d) => d.status === 'end'), 10_000).catch(
+      (err: Error) => {
+        throw new Error(`${err.message}: ${duplicates.map((d) => d.status).join(' ')}`);
+      },
+    );
     expect(reported).toEqual([]);
   });
 });

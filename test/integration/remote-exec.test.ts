@@ -1,7 +1,8 @@
 import fsp from 'node:fs/promises';
-import { Client } from 'ssh2';
+import type { Client } from 'ssh2';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { execCapture } from '../../src/ssh/remote-exec.js';
+import { connectSsh } from '../../src/ssh/ssh-connect.js';
 import { type ClientKey, generateClientKey, type SshdInstance, startSshd } from '../../tools/sandbox/sshd.js';
 import { ensureUser, JOB_USER } from '../../tools/sandbox/users.js';
 
@@ -26,18 +27,18 @@ beforeAll(async () => {
     allowTcpForwarding: 'no',
     authorizedKeys: [{ user: user.name, keys: [key.publicKey] }],
   });
-  client = new Client();
-  const privateKey = await fsp.readFile(key.privateKeyPath);
-  await new Promise<void>((resolve, reject) => {
-    client.once('ready', () => resolve());
-    client.once('error', reject);
-    client.connect({
-      host: sshd.host,
-      port: sshd.port,
-      username: user.name,
-      privateKey,
-    });
-  });
+  // The fleet's own connect, the test sshd's host key pinned.
+  const hostKey = Buffer.from(sshd.hostKeyPub.split(' ')[1] ?? '', 'base64');
+  ({ client } = await connectSsh({
+    label: `remote-exec ${sshd.host}:${sshd.port}`,
+    host: sshd.host,
+    port: sshd.port,
+    username: user.name,
+    privateKey: await fsp.readFile(key.privateKeyPath),
+    keepaliveIntervalMs: 0,
+    verifyHostKey: (presented) =>
+      presented.equals(hostKey) ? { ok: true } : { ok: false, reason: 'mismatch', name: 'the test sshd' },
+  }));
 }, 30_000);
 
 afterAll(async () => {

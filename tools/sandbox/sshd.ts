@@ -134,8 +134,7 @@ process.on('exit', () => {
  * lane: vitest.config.ts) it is drawn from the lane's own range, below the kernel's ephemeral ports:
  * bind :0 and every outgoing connection take theirs from the ephemeral range, so a server that starts
  * (or restarts, on the same port) a moment after the port was found free could otherwise find it taken
- * by the other lane, and a client would reach the other lane's server (seen: a Redis restarted empty
- * answered with another test's records). Without the variable: bind :0.
+ * by the other lane, and a client would reach the other lane's server. Without the variable: bind :0.
  */
 export async function freePort(host = '127.0.0.1'): Promise<number> {
   const range = /^(\d+)-(\d+)$/.exec(process.env.BH_TEST_PORTS ?? '');
