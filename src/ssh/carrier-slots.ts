@@ -18,10 +18,13 @@ export class CarrierSlots {
   /** Resolves with the slot's release once one is free for NAMESPACE; rejects when SIGNAL aborts first. */
   acquire(namespace: string, signal?: AbortSignal): Promise<() => void> {
     if (signal?.aborted) return Promise.reject(new Error('closed while waiting for a carrier slot'));
-    if (this.waiting.length === 0 && this.free(namespace)) return Promise.resolve(this.take(namespace));
     return new Promise((resolve, reject) => {
       const entry = { namespace, grant: resolve };
+      // Behind the waiters, then served as they are: no waiter can be served now (serve() ran at the last
+      // release), so only this one may be, and a namespace with room never waits behind one at its share.
       this.waiting.push(entry);
+      this.serve();
+      if (!this.waiting.includes(entry)) return;
       signal?.addEventListener(
         'abort',
         () => {

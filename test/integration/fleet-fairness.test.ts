@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
-import { cancelSubmittedJobs, scancel } from '../../tools/sandbox/slurm.js';
+import { cancelSubmittedJobs, queueReport, scancel } from '../../tools/sandbox/slurm.js';
 import { killWorkers, type WorkerProcess } from '../../tools/sandbox/worker-process.js';
 import { timelines } from '../fixtures/fault-probes.js';
 import {
@@ -51,6 +51,20 @@ describe('fairness between namespaces on one session host', () => {
 
   const state = async (podUid: string) => (await site.deps.store.load(podUid))?.state;
 
+  /** What a failed wait prints: each pod's state and timeline, its job as squeue has it, the host's log of it. */
+  async function seen(pods: ReadonlyArray<{ uid: string; jobId: string }>): Promise<string> {
+    const jobs = await queueReport(pods.map((p) => p.jobId));
+    const host = workers.find((w) => w.hostId.startsWith('host-'))?.log() ?? '';
+    const lines: string[] = [`squeue:\n${jobs}`];
+    for (const p of pods) {
+      lines.push(`${p.uid} ${await state(p.uid)}, job ${p.jobId}`);
+      lines.push(`  ${await timelines(site.deps, [p.uid])}`);
+      const logged = host.split('\n').filter((l) => l.includes(p.uid));
+      lines.push(`  host log:\n  ${logged.slice(-12).join('\n  ')}`);
+    }
+    return lines.join('\n');
+  }
+
   it("50 pending pods of one namespace do not delay another's pod, and a namespace holds at most its share of carriers", async () => {
     // 50 pods of one tenant whose jobs wait in Slurm (held): more than the host's 4 carrier slots.
     const pending: Array<{ uid: string; jobId: string }> = [];
@@ -87,7 +101,9 @@ describe('fairness between namespaces on one session host', () => {
         return states.filter((s) => s === 'active').length === 2 ? states : undefined;
       },
       60_000,
-    );
+    ).catch(async (err: Error) => {
+      throw new Error(`${err.message}\n${await seen(greedy)}`);
+    });
     await new Promise((r) => setTimeout(r, 3_000));
     const states = await Promise.all(greedy.map((p) => state(p.uid)));
     expect(
@@ -106,7 +122,9 @@ describe('fairness between namespaces on one session host', () => {
       'the third greedy pod active',
       async () => ((await state(waiting?.uid ?? '')) === 'active' ? true : undefined),
       60_000,
-    );
+    ).catch(async (err: Error) => {
+      throw new Error(`${err.message}\n${await seen(greedy)}`);
+    });
     // Nothing of the pending ones moved meanwhile.
     expect(new Set(await Promise.all(pending.map((p) => state(p.uid))))).toEqual(new Set(['waitingBatchHost']));
   }, 300_000);

@@ -178,6 +178,24 @@ export async function jobState(jobId: string): Promise<JobState> {
   }
 }
 
+/** `squeue`'s line for each of JOB_IDS (id, state, reason, batch host), for a failed test to print. */
+export async function queueReport(jobIds: readonly string[]): Promise<string> {
+  if (jobIds.length === 0) return '';
+  const { stdout, stderr } = await execFileAsync('squeue', [
+    '-h',
+    '-t',
+    'all',
+    '-j',
+    jobIds.join(','),
+    '-o',
+    '%i %T %r %B',
+  ]).catch((error: { stdout?: string; stderr?: string; message: string }) => ({
+    stdout: '',
+    stderr: error.stderr ?? error.message,
+  }));
+  return `${stdout.trim()}${stderr.trim() === '' ? '' : ` (squeue: ${stderr.trim()})`}`;
+}
+
 /**
  * Polls until the job is in one of STATES. Rejects on timeout, and at once when the job reached a
  * final state that is not among STATES (e.g. waiting for RUNNING but it FAILED).
