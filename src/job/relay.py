@@ -19,8 +19,9 @@ Command
     * Each ``--listen`` is a listening TCP socket the boot bound and passed
       on as descriptor FD; connections on it are relayed to SOCKETPATH.
       PID is the job's shell (the boot's parent).
-    * First writes ``isolation relay=<job|user> sockets=<job|user> via=<how>``
-      to stdout (the boot wrote ``ready <addresses>`` before it): what
+    * Writes ``isolation relay=<job|user> sockets=<job|user> via=<how>``
+      to stdout once ``DIR/relay.pids`` is written (the boot wrote
+      ``ready <addresses>`` before it): what
       separates the tunnel; the sockets are ``job`` only on a mount of the
       job's own (Slurm's job_container/tmpfs).
     * The process started (the holder) keeps the listeners and relays in a
@@ -942,9 +943,7 @@ def serve(args):
         if identity is None or identity == "unknown":
             log("socket dir %s does not exist or cannot be reached" % directory)
             return 1
-        sys.stdout.write("%s\n" % _isolation_line(directory))
-        sys.stdout.flush()
-        return _hold(data, directory, identity, job_shell, my_uid)
+        return _hold(data, directory, identity, job_shell, my_uid, _isolation_line(directory))
     except Stop:
         return 0
     finally:
@@ -954,7 +953,7 @@ def serve(args):
             _close(sock)
 
 
-def _hold(data, directory, identity, job_shell, my_uid):
+def _hold(data, directory, identity, job_shell, my_uid, isolation):
     """The holder: keeps the listeners open for the life of the job and runs the relaying in a child
     process, started again whenever it dies (OOM killer, kill -9). The address and ports are never
     released while the job runs, so no other user can bind them and receive the workload's
@@ -962,6 +961,7 @@ def _hold(data, directory, identity, job_shell, my_uid):
     holder = os.getpid()
     deaths = []
     child = None
+    announced = False
     try:
         while True:
             # Blocked across the fork, so that a SIGTERM cannot land between the fork and `child =`
@@ -972,6 +972,13 @@ def _hold(data, directory, identity, job_shell, my_uid):
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
             _write_pids(directory, [holder, child])
+            if not announced:
+                # Said once relay.pids is there: the line tells the fleet the relay is up, and nothing
+                # is written into the socket dir after it (a trap's rm -rf racing a late write left
+                # the dir behind) unless a relay process dies.
+                sys.stdout.write("%s\n" % isolation)
+                sys.stdout.flush()
+                announced = True
             status = _wait_server(child, directory, identity, job_shell)
             child = None
             if status is None:

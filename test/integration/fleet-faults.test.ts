@@ -30,6 +30,7 @@ import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../
 import {
   allActive,
   timelines as allTimelines,
+  failedProbes,
   failsAfter,
   oksAfter,
   prober,
@@ -741,8 +742,8 @@ describe('outages of the site', () => {
     expect(all).toContain('slurm-unreachable');
     // The active pod's session needs no slurmctld: nothing happened to it.
     expect(await timeline(deps, pods[0]?.uid ?? '')).toBe(activeBefore);
-    const failsDuring = failsAfter(await readFile(outs[0] ?? '', 'utf8'), stoppedAt);
-    expect(failsDuring).toBe(0);
+    const probed = await readFile(outs[0] ?? '', 'utf8');
+    expect(failsAfter(probed, stoppedAt), failedProbes([pods[0]?.uid ?? ''], [probed], stoppedAt)).toBe(0);
     expect((await deps.leases.list()).leases).toHaveLength(pods.length);
   }, 300_000);
 });

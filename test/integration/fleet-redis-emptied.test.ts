@@ -9,7 +9,7 @@ import { jobScript, planFor, waitFor } from '../../tools/sandbox/shadow-harness.
 import { cancelSubmittedJobs, sbatch, scontrol } from '../../tools/sandbox/slurm.js';
 import { freePort } from '../../tools/sandbox/sshd.js';
 import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../../tools/sandbox/worker-process.js';
-import { failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
+import { failedProbes, failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, processFleetSite } from '../fixtures/fleet-harness.js';
 import { type KubeHarness, kubeHarness, reversePod, VIRTUAL_NODE } from '../fixtures/kube-harness.js';
 import { RedisServer } from '../fixtures/redis-server.js';
@@ -138,7 +138,11 @@ describe('Redis restarted empty under active pods', () => {
     await new Promise((r) => setTimeout(r, 4_000));
     const texts = await Promise.all(active.map((p) => readFile(p.out, 'utf8')));
     const fails = texts.map((t) => failsAfter(t, emptiedAt));
-    const detail = `${await seen()}\nfailed probes from the kill on: ${fails.join(', ')}`;
+    const detail = `${await seen()}\n${failedProbes(
+      active.map((p) => p.uid),
+      texts,
+      emptiedAt,
+    )}`;
     console.log(
       `Redis restarted empty (${restartedAt - emptiedAt} ms down): every record active again on its kept shadow ${back - restartedAt} ms after; failed probes per pod: ${fails.join(', ')}; oks since: ${texts.map((t) => oksAfter(t, restartedAt)).join(', ')}\n${await timelines(deps, uids)}`,
     );

@@ -9,7 +9,7 @@ import { uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
 import { cancelSubmittedJobs } from '../../tools/sandbox/slurm.js';
 import { freePort } from '../../tools/sandbox/sshd.js';
 import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../../tools/sandbox/worker-process.js';
-import { allActive, failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
+import { allActive, failedProbes, failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { RedisServer } from '../fixtures/redis-server.js';
 
@@ -148,7 +148,9 @@ describe('Redis restarts or hangs while pods are active', () => {
     );
     expect(await isActive()).toBe(true);
     // The data plane does not need Redis: no probe failed, no shadow was replaced.
-    expect(failsDuring).toEqual(pods.map(() => 0));
+    expect(failsDuring, `${failedProbes(uids, texts, stoppedAt)}\nhost log: ${host.log().slice(-4000)}`).toEqual(
+      pods.map(() => 0),
+    );
     expect(await generations()).toEqual(before);
     expect((await deps.leases.list()).leases).toHaveLength(pods.length);
     expect(control.child.exitCode).toBeNull();

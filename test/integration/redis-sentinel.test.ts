@@ -5,7 +5,7 @@ import type { FleetDeps } from '../../src/pods/fleet-deps.js';
 import { uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
 import { cancelSubmittedJobs } from '../../tools/sandbox/slurm.js';
 import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../../tools/sandbox/worker-process.js';
-import { allActive, failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
+import { allActive, failedProbes, failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { SentinelSet } from '../fixtures/redis-sentinel.js';
 
@@ -102,7 +102,9 @@ describe('Redis with Sentinel: the master killed under active pods', () => {
       `master ${oldMaster} killed: replica ${promoted} promoted ${promotedAt - killedAt} ms after; every pod active (${IN_SETUP} in setup) ${recovered - killedAt} ms after the kill; failed probes per active pod: ${failsDuring.join(', ')}\n${await timelines(deps, everyone)}`,
     );
     // The tunnels never needed Redis: nothing failed, no shadow was replaced, one lease per pod.
-    expect(failsDuring).toEqual(active.map(() => 0));
+    expect(failsDuring, `${failedProbes(uids, texts, killedAt)}\nhost log: ${host.log().slice(-4000)}`).toEqual(
+      active.map(() => 0),
+    );
     expect(await generations()).toEqual(before);
     expect((await deps.leases.list()).leases).toHaveLength(everyone.length);
 

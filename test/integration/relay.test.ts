@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash, type Hash, randomBytes, randomUUID } from 'node:crypto';
 import { once } from 'node:events';
+import { readFileSync } from 'node:fs';
 import { chmod, chown, copyFile, mkdir, mkdtemp, readFile, rename, rm } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
@@ -797,6 +798,26 @@ describe('relay.py serve', () => {
     expect(boot.child.exitCode).toBeNull();
     boot.child.kill('SIGTERM');
     expect((await boot.exit).code).toBe(0);
+  });
+
+  it('says it is up (its isolation line) only once relay.pids lists its processes', async () => {
+    const { address, dir, port } = await oneForward();
+    const relay = await startRelay(forwardArgs('pidsfirst', { address, dir, port }));
+    // Read the moment the line arrives: what the fleet (deliver-relay.sh) and a trap's rm -rf find then.
+    const atLine = new Promise<string>((resolve) => {
+      relay.child.stdout?.on('data', () => {
+        if (!relay.stdout().includes('\nisolation ')) return;
+        try {
+          resolve(readFileSync(path.join(dir, 'relay.pids'), 'utf8').trim());
+        } catch (err) {
+          resolve(`unreadable: ${(err as Error).message}`);
+        }
+      });
+    });
+    await relay.ready;
+    const pids = await atLine;
+    expect(pids, relay.stderr()).toMatch(/^\d+ \d+$/);
+    expect(pids.split(' ')[0]).toBe(String(relay.child.pid));
   });
 
   it('exits when the socket dir is removed', async () => {
