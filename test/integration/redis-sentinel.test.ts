@@ -5,7 +5,15 @@ import type { FleetDeps } from '../../src/pods/fleet-deps.js';
 import { uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
 import { cancelSubmittedJobs } from '../../tools/sandbox/slurm.js';
 import { killWorkers, startWorker, type WorkerProcess, workerStarted } from '../../tools/sandbox/worker-process.js';
-import { allActive, failedProbes, failsAfter, oksAfter, prober, timelines } from '../fixtures/fault-probes.js';
+import {
+  allActive,
+  failedProbes,
+  failsAfter,
+  oksAfter,
+  prober,
+  slowestProbe,
+  timelines,
+} from '../fixtures/fault-probes.js';
 import { type ProcessFleetSite, processFleetSite, submitPod } from '../fixtures/fleet-harness.js';
 import { SentinelSet } from '../fixtures/redis-sentinel.js';
 
@@ -99,7 +107,7 @@ describe('Redis with Sentinel: the master killed under active pods', () => {
     const texts = await Promise.all(outs.map((o) => readFile(o, 'utf8')));
     const failsDuring = texts.map((t) => failsAfter(t, killedAt));
     console.log(
-      `master ${oldMaster} killed: replica ${promoted} promoted ${promotedAt - killedAt} ms after; every pod active (${IN_SETUP} in setup) ${recovered - killedAt} ms after the kill; failed probes per active pod: ${failsDuring.join(', ')}\n${await timelines(deps, everyone)}`,
+      `master ${oldMaster} killed: replica ${promoted} promoted ${promotedAt - killedAt} ms after; every pod active (${IN_SETUP} in setup) ${recovered - killedAt} ms after the kill; failed probes per active pod: ${failsDuring.join(', ')}; the slowest took ${slowestProbe(texts, killedAt)} ms\n${await timelines(deps, everyone)}`,
     );
     // The tunnels never needed Redis: nothing failed, no shadow was replaced, one lease per pod.
     expect(failsDuring, `${failedProbes(uids, texts, killedAt)}\nhost log: ${host.log().slice(-4000)}`).toEqual(
