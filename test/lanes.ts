@@ -19,6 +19,7 @@ export const ALONE: readonly string[] = [
 export const LANE_B: readonly string[] = [
   'test/e2e/bench-control-smoke.test.ts',
   'test/e2e/modes.test.ts',
+  'test/integration/cli-fleet.test.ts',
   'test/integration/fleet-chaos.test.ts',
   'test/integration/fleet-redis-restart.test.ts',
   'test/integration/image-build.test.ts',
@@ -29,4 +30,4 @@ export const LANE_B: readonly string[] = [
 ];
 
 /** Databases of 127.0.0.1:6379 that lane B's files use (bench:control uses 9: bench/control.ts). */
-export const LANE_B_DATABASES: readonly number[] = [4, 9, 12];
+export const LANE_B_DATABASES: readonly number[] = [4, 7, 9, 12];
