@@ -3,7 +3,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { uid, waitFor } from '../../tools/sandbox/shadow-harness.js';
 import { cancelSubmittedJobs, queueReport, scancel } from '../../tools/sandbox/slurm.js';
 import { killWorkers, type WorkerProcess } from '../../tools/sandbox/worker-process.js';
-import { timelines } from '../fixtures/fault-probes.js';
+import { stillStored, timelines } from '../fixtures/fault-probes.js';
 import {
   controlAndSession,
   type ProcessFleetSite,
@@ -51,18 +51,15 @@ describe('fairness between namespaces on one session host', () => {
 
   const state = async (podUid: string) => (await site.deps.store.load(podUid))?.state;
 
-  /** What a failed wait prints: each pod's state and timeline, its job as squeue has it, the host's log of it. */
+  /** What a failed wait prints: each pod's job as squeue has it, and its state, timeline and host log. */
   async function seen(pods: ReadonlyArray<{ uid: string; jobId: string }>): Promise<string> {
-    const jobs = await queueReport(pods.map((p) => p.jobId));
     const host = workers.find((w) => w.hostId.startsWith('host-'))?.log() ?? '';
-    const lines: string[] = [`squeue:\n${jobs}`];
-    for (const p of pods) {
-      lines.push(`${p.uid} ${await state(p.uid)}, job ${p.jobId}`);
-      lines.push(`  ${await timelines(site.deps, [p.uid])}`);
-      const logged = host.split('\n').filter((l) => l.includes(p.uid));
-      lines.push(`  host log:\n  ${logged.slice(-12).join('\n  ')}`);
-    }
-    return lines.join('\n');
+    const stored = await stillStored(
+      site.deps,
+      pods.map((p) => p.uid),
+      host,
+    );
+    return `squeue:\n${await queueReport(pods.map((p) => p.jobId))}\n${stored}`;
   }
 
   it("50 pending pods of one namespace do not delay another's pod, and a namespace holds at most its share of carriers", async () => {

@@ -49,6 +49,14 @@ function statusesOf(r: Redis): string[] {
   return seen;
 }
 
+/** WORK's value, or an error saying WHAT once MS have passed without it. */
+function answered<T>(work: Promise<T>, ms: number, what: string): Promise<T> {
+  return Promise.race([
+    work,
+    new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`${what} in ${ms} ms`)), ms)),
+  ]);
+}
+
 /**
  * What the connection answers once it is back, and the port of the server that answered, as that server
  * says it (the socket's remote port is gone when a late +switch-master has the connection reconnect right
@@ -60,20 +68,11 @@ async function reconnected(
   timeoutMs: number,
 ): Promise<{ answer: { pong: string; port: number | undefined }; at: number }> {
   try {
-    const answers = Promise.all([r.ping(), r.info('server')]);
-    const [pong, info] = await Promise.race([
-      answers,
-      new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`no answer in ${timeoutMs} ms`)), timeoutMs)),
-    ]);
+    const [pong, info] = await answered(Promise.all([r.ping(), r.info('server')]), timeoutMs, 'no answer');
     const at = Date.now();
     // Still usable a moment later (a connection that answers once and then ends for good is the failure).
     await new Promise((resolve) => setTimeout(resolve, 1_000));
-    const again = await Promise.race([
-      r.info('server'),
-      new Promise<never>((_, reject) =>
-        setTimeout(() => reject(new Error(`no second answer in ${timeoutMs} ms`)), timeoutMs),
-      ),
-    ]);
+    const again = await answered(r.info('server'), timeoutMs, 'no second answer');
     const ports = [info, again].map((text) => /^tcp_port:(\d+)/m.exec(text)?.[1]);
     if (ports[0] !== ports[1]) throw new Error(`answered from port ${ports[0]}, then from ${ports[1]}`);
     return { answer: { pong, port: ports[0] === undefined ? undefined : Number(ports[0]) }, at };
